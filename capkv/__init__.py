@@ -1,0 +1,76 @@
+"""capkv: typed, composable, checked KV-cache connectors.
+
+Describe connectors with :class:`KVConnector` (and capabilities such as
+:class:`SupportsHMA`), stack them with :class:`MultiConnector` — whose
+capabilities are inferred from its children, statically and at run time — and
+let :func:`check_stack` and :func:`finish_request` refuse what a stack cannot serve.
+"""
+
+from capkv.capabilities import (
+    KVCacheConfigLike,
+    NonHMAChild,
+    StackNode,
+    check_stack,
+    finish_request,
+    non_hma_children,
+    supports_hma,
+)
+from capkv.composite import HMAMultiConnector, MultiConnector, MultiConnectorMetadata, MultiWorkerMetadata
+from capkv.contracts import (
+    BlockIds,
+    HMAConnector,
+    KVConnector,
+    KVConnectorBase,
+    KVConnectorOutput,
+    KVGroupSpec,
+    KVSpec,
+    KVTransferParams,
+    LoadErrors,
+    Request,
+    SupportsHMA,
+    TokenRequest,
+    WorkerMetadata,
+)
+from capkv.errors import (
+    CapabilityError,
+    CapkvError,
+    ConfigError,
+    ConflictError,
+    ContractError,
+    MetadataError,
+)
+
+__all__ = [
+    "BlockIds",
+    "CapabilityError",
+    "CapkvError",
+    "ConfigError",
+    "ConflictError",
+    "ContractError",
+    "HMAConnector",
+    "HMAMultiConnector",
+    "KVCacheConfigLike",
+    "KVConnector",
+    "KVConnectorBase",
+    "KVConnectorOutput",
+    "KVGroupSpec",
+    "KVSpec",
+    "KVTransferParams",
+    "LoadErrors",
+    "MetadataError",
+    "MultiConnector",
+    "MultiConnectorMetadata",
+    "MultiWorkerMetadata",
+    "NonHMAChild",
+    "Request",
+    "StackNode",
+    "SupportsHMA",
+    "TokenRequest",
+    "WorkerMetadata",
+    "check_stack",
+    "finish_request",
+    "non_hma_children",
+    "supports_hma",
+]
+
+__version__ = "0.1.0"

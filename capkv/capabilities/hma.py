@@ -1,0 +1,90 @@
+"""The one rule for HMA capability, shared by runtime checks and stack analysis.
+
+A leaf connector (or connector class) is HMA-capable when it has a callable
+``request_finished_all_groups``: that is all vLLM's scheduler and
+:class:`~capkv.SupportsHMA` look at. A stack node — a composite connector or a
+configured stack — is HMA-capable exactly when every child is. The static types
+of :class:`~capkv.MultiConnector` encode the same rule; this module is its
+runtime form.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["HMA_METHOD", "NonHMAChild", "StackNode", "non_hma_children", "supports_hma"]
+
+HMA_METHOD = "request_finished_all_groups"
+
+
+class StackNode(ABC):
+    """A node whose capabilities are inferred from its children.
+
+    :class:`~capkv.MultiConnector` is one; a stack read from configuration is
+    another. Subclass (or ``register``) it to make your own composite visible to
+    :func:`supports_hma`, :func:`~capkv.check_stack` and ``capkv check``.
+    """
+
+    __slots__ = ()
+
+    @property
+    @abstractmethod
+    def children(self) -> tuple[object, ...]:
+        """The children, in stack order (connectors, connector classes, or nodes)."""
+
+    @property
+    def node_name(self) -> str:
+        """How the node is named in diagnostics."""
+        return type(self).__name__
+
+
+def supports_hma(connector: object) -> bool:
+    """Whether ``connector`` (an instance, a class, or a stack node) handles several KV-cache groups."""
+    if isinstance(connector, StackNode):
+        return all(supports_hma(child) for child in connector.children)
+    return callable(getattr(connector, HMA_METHOD, None))
+
+
+def describe(node: object) -> str:
+    """A node's name in diagnostics: its class name (or its own name, for a class)."""
+    if isinstance(node, StackNode):
+        return node.node_name
+    if isinstance(node, type):
+        return node.__name__
+    return type(node).__name__
+
+
+@dataclass(frozen=True)
+class NonHMAChild:
+    """A leaf of a stack that lacks ``request_finished_all_groups``."""
+
+    path: tuple[int, ...]
+    """1-based positions from the root stack down to the child."""
+    name: str
+    """The child's class name."""
+
+    @property
+    def position(self) -> str:
+        """``#2`` for the root's second child, ``#1.2`` for the second child of its first."""
+        return "#" + ".".join(str(index) for index in self.path)
+
+    def explain(self) -> str:
+        """One line saying which child lacks what."""
+        subject = f"sub-connector {self.position}" if self.path else "connector"
+        return f'{subject} "{self.name}" does not implement SupportsHMA (missing {HMA_METHOD})'
+
+
+
+def non_hma_children(node: object) -> list[NonHMAChild]:
+    """Every leaf below ``node`` that is not HMA-capable, depth first, in stack order."""
+    return list(_walk(node, ()))
+
+
+def _walk(node: object, path: tuple[int, ...]) -> Iterator[NonHMAChild]:
+    if isinstance(node, StackNode):
+        for index, child in enumerate(node.children, start=1):
+            yield from _walk(child, (*path, index))
+    elif not supports_hma(node):
+        yield NonHMAChild(path, describe(node))

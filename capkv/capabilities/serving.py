@@ -1,0 +1,103 @@
+"""Engine entry points that enforce capabilities — never with ``assert``.
+
+:func:`check_stack` rejects, before serving, a stack that cannot serve the
+engine's KV-cache groups; :func:`finish_request` is the one way an engine hands
+a finished request's blocks to a connector, and refuses rather than truncating
+to group 0. Both behave identically under ``python -O``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
+
+from capkv.capabilities.hma import describe, non_hma_children, supports_hma
+from capkv.contracts.connector import KV_CONNECTOR_MEMBERS, KVConnector, RequestT
+from capkv.contracts.engine import BlockIds, KVTransferParams
+from capkv.contracts.spec import KVSpec
+from capkv.errors import CapabilityError
+
+__all__ = ["KVCacheConfigLike", "check_stack", "finish_request", "num_kv_cache_groups"]
+
+
+class KVCacheConfigLike(Protocol):
+    """Anything with a sequence of KV-cache groups — vLLM's ``KVCacheConfig`` included."""
+
+    @property
+    def kv_cache_groups(self) -> Sequence[object]: ...
+
+
+def num_kv_cache_groups(kv_cache_config: KVCacheConfigLike | KVSpec | int) -> int:
+    """How many KV-cache groups a configuration describes."""
+    if isinstance(kv_cache_config, KVSpec):
+        return kv_cache_config.num_groups
+    if isinstance(kv_cache_config, int):
+        return kv_cache_config
+    return len(kv_cache_config.kv_cache_groups)
+
+
+def check_stack(
+    connector: object, kv_cache_config: KVCacheConfigLike | KVSpec | int
+) -> None:
+    """Raise :class:`~capkv.CapabilityError` unless ``connector`` can serve ``kv_cache_config``.
+
+    With more than one KV-cache group every leaf of the stack must be HMA-capable;
+    the error names each one that is not, by position and class. Children's
+    conflicts (layouts, finished counts) surface here too, as
+    :class:`~capkv.ConflictError`, rather than mid-serving.
+    """
+    num_groups = num_kv_cache_groups(kv_cache_config)
+    missing = _missing_members(connector)
+    if missing:
+        raise CapabilityError(
+            f'"{describe(connector)}" is not a KVConnector (missing {", ".join(missing)})',
+            connector=describe(connector),
+            method="check_stack",
+            value=missing,
+        )
+    if num_groups > 1 and not supports_hma(connector):
+        offenders = non_hma_children(connector)
+        lines = "; ".join(child.explain() for child in offenders)
+        raise CapabilityError(
+            f'"{describe(connector)}" cannot serve {num_groups} KV-cache groups: {lines}; '
+            "an HMA stack needs every child to",
+            connector=", ".join(f"{c.position} {c.name}" if c.path else c.name for c in offenders),
+            method="check_stack",
+            value=num_groups,
+        )
+    stack = cast("KVConnector", connector)
+    stack.get_required_kvcache_layout()
+    stack.get_finished_count()
+
+
+def finish_request(
+    connector: KVConnector[RequestT], request: RequestT, block_ids: BlockIds
+) -> tuple[bool, KVTransferParams | None]:
+    """Hand a finished request's blocks (one list per group) to ``connector``.
+
+    HMA-capable connectors get every group; others get the single group when
+    there is exactly one. Anything else is a :class:`~capkv.CapabilityError`:
+    handing only group 0 would store or free the wrong KV.
+    """
+    if supports_hma(connector):
+        hma: Any = connector
+        result: tuple[bool, KVTransferParams | None] = hma.request_finished_all_groups(
+            request, block_ids
+        )
+        return result
+    if len(block_ids) == 1:
+        return connector.request_finished(request, block_ids[0])
+    offenders = non_hma_children(connector)
+    raise CapabilityError(
+        f'"{describe(connector)}".request_finished_all_groups is unavailable and the request '
+        f"has {len(block_ids)} KV-cache groups: "
+        + "; ".join(child.explain() for child in offenders),
+        connector=describe(connector),
+        method="finish_request",
+        group=1 if block_ids else None,
+        value=len(block_ids),
+    )
+
+
+def _missing_members(obj: object) -> list[str]:
+    return [name for name in KV_CONNECTOR_MEMBERS if not callable(getattr(obj, name, None))]

@@ -1,0 +1,95 @@
+"""The engine-side objects a connector is handed, as capkv sees them.
+
+capkv is engine-agnostic: it only names what it actually reads. A request needs a
+``request_id``; everything the composite merely passes through (scheduler output,
+forward context, attention metadata, connector metadata, events) is *opaque* —
+typed ``Any`` where a connector receives it, so that each engine's own classes fit,
+and ``object`` where a connector returns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+__all__ = [
+    "AttentionMetadata",
+    "BlockIds",
+    "ConnectorMetadata",
+    "ForwardContext",
+    "HandshakeMetadata",
+    "KVConnectorOutput",
+    "KVTransferParams",
+    "LoadErrors",
+    "Request",
+    "SchedulerOutput",
+    "TokenRequest",
+    "WorkerMetadata",
+]
+
+BlockIds: TypeAlias = tuple[list[int], ...]
+"""A request's block ids, one list per KV-cache group (the HMA shape)."""
+
+LoadErrors: TypeAlias = dict[int, set[int]]
+"""Block ids that failed to load, keyed by KV-cache group index.
+
+A flat set is ambiguous once there are several groups (the same id means a
+different block in each group's table), so capkv always reports per group.
+"""
+
+KVTransferParams: TypeAlias = dict[str, Any]
+"""Free-form parameters a connector returns from ``request_finished``."""
+
+SchedulerOutput: TypeAlias = Any
+"""Opaque: the engine's scheduler output for one step."""
+
+ForwardContext: TypeAlias = Any
+"""Opaque: the engine's forward context handed to ``start_load_kv``."""
+
+AttentionMetadata: TypeAlias = Any
+"""Opaque: the engine's attention metadata handed to ``save_kv_layer``."""
+
+ConnectorMetadata: TypeAlias = Any
+"""Opaque: what a connector's scheduler side sends to its worker side."""
+
+HandshakeMetadata: TypeAlias = Any
+"""Opaque: out-of-band handshake data exchanged between peer engines."""
+
+
+@runtime_checkable
+class Request(Protocol):
+    """What capkv itself needs of a request: its id."""
+
+    @property
+    def request_id(self) -> str: ...
+
+
+@runtime_checkable
+class TokenRequest(Request, Protocol):
+    """A request whose tokens are visible (as vLLM's ``Request.all_token_ids``).
+
+    Connectors that key stored KV by token-prefix content need this much.
+    """
+
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+
+@runtime_checkable
+class WorkerMetadata(Protocol):
+    """Worker-to-scheduler metadata; the outputs of several workers are merged by ``aggregate``."""
+
+    def aggregate(self, other: Any, /) -> WorkerMetadata: ...
+
+
+@dataclass(frozen=True)
+class KVConnectorOutput:
+    """What the workers report back to the scheduler-side connector after a step."""
+
+    finished_sending: frozenset[str] = frozenset()
+    finished_recving: frozenset[str] = frozenset()
+    worker_meta: WorkerMetadata | None = None
+    invalid_block_ids: Mapping[int, frozenset[int]] = field(
+        default_factory=lambda: dict[int, frozenset[int]]()
+    )

@@ -1,0 +1,73 @@
+"""capkv's exceptions.
+
+Every error capkv raises is a :class:`CapkvError`, so an engine can catch capkv's
+refusals in one place. Each carries the facts a person needs to fix the stack —
+which connector, which method, which KV-cache group, which value — both in its
+message and as attributes, so engines can log or react to them structurally.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CapabilityError",
+    "CapkvError",
+    "ConfigError",
+    "ConflictError",
+    "ContractError",
+    "MetadataError",
+]
+
+
+class CapkvError(Exception):
+    """Base class of every error capkv raises."""
+
+    connector: str | None
+    """Name (class, or position and class inside a stack) of the connector at fault."""
+    method: str | None
+    """The connector method during which the problem was found."""
+    group: int | None
+    """The KV-cache group index concerned, when one is."""
+    value: object
+    """The offending value, when there is one."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        connector: str | None = None,
+        method: str | None = None,
+        group: int | None = None,
+        value: object = None,
+    ) -> None:
+        super().__init__(message)
+        self.connector = connector
+        self.method = method
+        self.group = group
+        self.value = value
+
+
+class CapabilityError(CapkvError):
+    """A connector (or a child of a stack) lacks a capability the engine needs.
+
+    Raised before serving by :func:`capkv.check_stack`, and by
+    :func:`capkv.finish_request` instead of silently truncating to group 0.
+    """
+
+
+class ConflictError(CapkvError):
+    """Children of a stack disagree where the engine needs one answer.
+
+    KV-cache layouts, finished counts, memory pools, or ``kv_transfer_params`` keys.
+    """
+
+
+class ConfigError(CapkvError, ValueError):
+    """A description capkv was given (a KV spec, a stack configuration) is malformed."""
+
+
+class MetadataError(CapkvError):
+    """A composite was handed metadata that it did not build (wrong type or arity)."""
+
+
+class ContractError(CapkvError):
+    """A dev-mode contract was violated by a transfer call (block ids or KV tensors)."""
