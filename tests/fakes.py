@@ -78,13 +78,13 @@ class Plain(KVConnectorBase[Request]):
     def update_connector_output(self, connector_output: Any, /) -> None:
         self._record("update_connector_output", connector_output)
 
-    def start_load_kv(self, forward_context: Any, /, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self._record("start_load_kv", forward_context, kwargs)
 
     def wait_for_layer_load(self, layer_name: str, /) -> None:
         self._record("wait_for_layer_load", layer_name)
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, /, **kwargs: Any) -> None:
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         self._record("save_kv_layer", layer_name, kv_layer, attn_metadata, kwargs)
 
     def wait_for_save(self) -> None:

@@ -127,10 +127,15 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
     @overload
     def __new__(cls, c1: _C1, c2: _C2, c3: _C3, c4: _C4, c5: _C5, c6: _C6, c7: _C7, c8: _C8, /) -> MultiConnector[_C1, _C2, _C3, _C4, _C5, _C6, _C7, _C8]: ...
     @overload
-    def __new__(cls, *children: HMAConnector) -> HMAMultiConnector[Unpack[tuple[Any, ...]]]: ...
+    def __new__(
+        cls, first: HMAConnector, /, *rest: HMAConnector
+    ) -> HMAMultiConnector[Unpack[tuple[Any, ...]]]: ...
     @overload
-    def __new__(cls, *children: KVConnector) -> MultiConnector[Unpack[tuple[Any, ...]]]: ...
+    def __new__(
+        cls, first: KVConnector, /, *rest: KVConnector
+    ) -> MultiConnector[Unpack[tuple[Any, ...]]]: ...
     def __new__(cls, *children: KVConnector) -> MultiConnector[Unpack[tuple[Any, ...]]]:
+        """Build the stack; its class (plain or HMA) is decided here, from the children."""
         if not children:
             raise CapabilityError(
                 f"{cls.__name__}() needs at least one sub-connector",
@@ -320,7 +325,7 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         for child, meta in zip(self._children, metadata.children, strict=True):
             child.handle_preemptions(meta)
 
-    def start_load_kv(self, forward_context: ForwardContext, /, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         for child in self._children:
             child.start_load_kv(forward_context, **kwargs)
 
@@ -333,7 +338,6 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         layer_name: str,
         kv_layer: torch.Tensor,
         attn_metadata: AttentionMetadata,
-        /,
         **kwargs: Any,
     ) -> None:
         for child in self._children:

@@ -55,7 +55,7 @@ class KVConnectorBase(ABC, Generic[RequestT]):
     # ---- required: worker side ------------------------------------------------
 
     @abstractmethod
-    def start_load_kv(self, forward_context: ForwardContext, /, **kwargs: Any) -> None: ...
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None: ...
 
     @abstractmethod
     def wait_for_layer_load(self, layer_name: str, /) -> None: ...
@@ -66,7 +66,6 @@ class KVConnectorBase(ABC, Generic[RequestT]):
         layer_name: str,
         kv_layer: torch.Tensor,
         attn_metadata: AttentionMetadata,
-        /,
         **kwargs: Any,
     ) -> None: ...
 

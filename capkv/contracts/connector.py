@@ -2,7 +2,9 @@
 
 Names and argument order follow vLLM's v1 connector API so engine authors feel at
 home. Parameters are positional-only, so an implementation may name them as it
-likes, and conformance is structural: any class with these members *is* a
+likes — except in the two methods that also take ``**kwargs`` (``start_load_kv``,
+``save_kv_layer``): there a renamed parameter could collide with a keyword, so
+checkers rightly insist on vLLM's names. Conformance is structural: any class with these members *is* a
 :class:`KVConnector` — inheriting :class:`~capkv.KVConnectorBase` is optional.
 
 The contract is generic in the request type a connector accepts (``KVConnector[R]``);
@@ -106,7 +108,7 @@ class KVConnector(Protocol[RequestT]):
         """Requests were preempted; finish or cancel their transfers before blocks are reused."""
         ...
 
-    def start_load_kv(self, forward_context: ForwardContext, /, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Start loading KV for this step's requests."""
         ...
 
@@ -119,7 +121,6 @@ class KVConnector(Protocol[RequestT]):
         layer_name: str,
         kv_layer: torch.Tensor,
         attn_metadata: AttentionMetadata,
-        /,
         **kwargs: Any,
     ) -> None:
         """Start saving ``layer_name``'s KV for this step."""

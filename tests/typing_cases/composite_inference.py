@@ -1,0 +1,76 @@
+"""MultiConnector's static type follows its children: HMA iff every child is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typing_extensions import assert_type
+
+from capkv import HMAConnector, HMAMultiConnector, KVConnector, MultiConnector, SupportsHMA
+
+from tests.typing_cases._connectors import Disk, Offload, PrefixStore
+
+hma, plain, tok = Offload(), Disk(), PrefixStore()
+
+
+def needs_hma(connector: SupportsHMA) -> None: ...
+def needs_hma_connector(connector: HMAConnector) -> None: ...
+def needs_connector(connector: KVConnector) -> None: ...
+
+
+# All HMA, any order and arity: an HMA stack that keeps its children's types.
+assert_type(MultiConnector(hma), HMAMultiConnector[Offload])
+assert_type(MultiConnector(hma, hma), HMAMultiConnector[Offload, Offload])
+assert_type(MultiConnector(hma, tok), HMAMultiConnector[Offload, PrefixStore])
+assert_type(
+    MultiConnector(hma, hma, hma, hma, hma, hma, hma, tok),
+    HMAMultiConnector[Offload, Offload, Offload, Offload, Offload, Offload, Offload, PrefixStore],
+)
+needs_hma(MultiConnector(hma, tok))
+needs_hma_connector(MultiConnector(hma, hma))
+MultiConnector(hma, hma).request_finished_all_groups
+
+# One non-HMA child, in either position: a plain stack.
+assert_type(MultiConnector(plain), MultiConnector[Disk])
+assert_type(MultiConnector(hma, plain), MultiConnector[Offload, Disk])
+assert_type(MultiConnector(plain, hma), MultiConnector[Disk, Offload])
+assert_type(MultiConnector(hma, hma, hma, plain), MultiConnector[Offload, Offload, Offload, Disk])
+needs_connector(MultiConnector(hma, plain))
+needs_hma(MultiConnector(hma, plain))  # expect-error
+needs_hma(MultiConnector(plain, hma))  # expect-error
+needs_hma(MultiConnector(plain))  # expect-error
+needs_hma_connector(MultiConnector(plain, plain))  # expect-error
+MultiConnector(hma, plain).request_finished_all_groups  # expect-error
+MultiConnector(plain, hma).request_finished_all_groups  # expect-error
+
+# Nesting: the rule applies at every level.
+assert_type(MultiConnector(MultiConnector(hma, tok), hma), HMAMultiConnector[HMAMultiConnector[Offload, PrefixStore], Offload])
+assert_type(MultiConnector(MultiConnector(hma, plain), hma), MultiConnector[MultiConnector[Offload, Disk], Offload])
+needs_hma(MultiConnector(MultiConnector(hma, hma), MultiConnector(hma)))
+needs_hma(MultiConnector(MultiConnector(hma, plain), hma))  # expect-error
+needs_hma(MultiConnector(hma, MultiConnector(MultiConnector(plain))))  # expect-error
+
+# Beyond the fixed arities, and over a list: the element type decides.
+nine_hma = MultiConnector(hma, hma, hma, hma, hma, hma, hma, hma, hma)
+assert_type(nine_hma, HMAMultiConnector[*tuple[Any, ...]])
+needs_hma(nine_hma)
+nine_mixed = MultiConnector(hma, hma, hma, hma, hma, hma, hma, hma, plain)
+assert_type(nine_mixed, MultiConnector[*tuple[Any, ...]])
+needs_hma(nine_mixed)  # expect-error
+hma_list: list[Offload] = [hma, hma]
+plain_list: list[Disk] = [plain]
+mixed_list: list[Offload | Disk] = [hma, plain]
+assert_type(MultiConnector(*hma_list), HMAMultiConnector[*tuple[Any, ...]])
+assert_type(MultiConnector(*plain_list), MultiConnector[*tuple[Any, ...]])
+assert_type(MultiConnector(*mixed_list), MultiConnector[*tuple[Any, ...]])
+needs_hma(MultiConnector(*hma_list))
+needs_hma(MultiConnector(*mixed_list))  # expect-error
+
+# The children's types are kept.
+assert_type(MultiConnector(hma, plain).children, tuple[Offload, Disk])
+
+# Not connectors, or no children at all.
+MultiConnector()  # expect-error
+MultiConnector(1)  # expect-error
+MultiConnector(hma, "disk")  # expect-error
+MultiConnector(object())  # expect-error

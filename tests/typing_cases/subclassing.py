@@ -1,0 +1,27 @@
+"""Subclasses of MultiConnector inherit its overloads, so checkers see the base composite.
+
+This is a documented limitation: the static type of ``MyStack(a, b)`` is the
+(HMA or plain) ``MultiConnector``, while at run time it is a ``MyStack``
+(or its HMA variant). The HMA verdict is the same either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typing_extensions import assert_type
+
+from capkv import HMAMultiConnector, MultiConnector, SupportsHMA
+from tests.typing_cases._connectors import Disk, Offload
+
+
+class MyStack(MultiConnector[*tuple[Any, ...]]):
+    """A subclass adding nothing."""
+
+
+def needs_hma(connector: SupportsHMA) -> None: ...
+
+
+assert_type(MyStack(Offload(), Offload()), HMAMultiConnector[Offload, Offload])
+needs_hma(MyStack(Offload(), Offload()))
+needs_hma(MyStack(Offload(), Disk()))  # expect-error
