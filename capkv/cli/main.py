@@ -17,6 +17,7 @@ __all__ = ["main"]
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
+    "bench": ("capkv.cli.bench", "measure capkv's costs (transfer: block copy throughput)"),
 }
 
 
