@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["CopyHandle", "CudaEventCopy", "FinishedCopy"]
+__all__ = ["FINISHED", "AllCopies", "CopyHandle", "CudaEventCopy", "FinishedCopy", "all_of"]
 
 
 @runtime_checkable
@@ -81,3 +81,32 @@ class CudaEventCopy:
 
     def stream_wait(self) -> None:
         torch.cuda.current_stream(self._device).wait_event(self._event)
+
+
+class AllCopies:
+    """Several copies that complete together, as one handle."""
+
+    __slots__ = ("_handles",)
+
+    def __init__(self, handles: tuple[CopyHandle, ...]) -> None:
+        self._handles = handles
+
+    def done(self) -> bool:
+        return all(handle.done() for handle in self._handles)
+
+    def wait(self) -> None:
+        for handle in self._handles:
+            handle.wait()
+
+    def stream_wait(self) -> None:
+        for handle in self._handles:
+            handle.stream_wait()
+
+
+def all_of(handles: list[CopyHandle]) -> CopyHandle:
+    """One handle for ``handles`` (the handle itself when there is one)."""
+    if not handles:
+        return FINISHED
+    if len(handles) == 1:
+        return handles[0]
+    return AllCopies(tuple(handles))

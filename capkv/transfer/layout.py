@@ -66,6 +66,11 @@ class GroupRuns:
         """Runs making up one block of the group (layers x outer indices)."""
         return sum(len(layer.run_offsets) for layer in self.layers)
 
+    @property
+    def signature(self) -> tuple[object, ...]:
+        """What fixes the meaning of a block's bytes: each layer's run order and sizes (not its address)."""
+        return tuple((layer.run_nbytes, layer.inner_dims, layer.outer_dims) for layer in self.layers)
+
     def planes(self, word: int) -> tuple[torch.Tensor, ...]:
         """Every run of every layer as a ``(num_blocks, run_nbytes // word)`` plane (cached)."""
         planes = self._planes.get(word)

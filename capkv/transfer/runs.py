@@ -62,6 +62,10 @@ class LayerRuns:
     """Bytes of one block's run for one index of the outer dimensions."""
     run_offsets: tuple[int, ...]
     """Where block 0's runs start, one per outer index, in logical order."""
+    inner_dims: tuple[tuple[int, int], ...] = ()
+    """``(dimension, size)`` inside a run, slowest-varying first: the byte order of a run."""
+    outer_dims: tuple[tuple[int, int], ...] = ()
+    """``(dimension, size)`` enumerating the runs of a block, in logical order."""
 
     @property
     def block_nbytes(self) -> int:
@@ -133,4 +137,6 @@ def layer_runs(tensor: torch.Tensor, block_dim: int, *, layer: str, group: int, 
         block_stride=block_stride * itemsize,
         run_nbytes=run * itemsize,
         run_offsets=offsets,
+        inner_dims=tuple((d, sizes[d]) for d in reversed(inner)),
+        outer_dims=tuple((d, sizes[d]) for d in outer),
     )
