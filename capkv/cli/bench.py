@@ -44,27 +44,30 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"capkv bench transfer: {device}, {args.layers} layers x (K, V) x {args.kv_heads} heads x "
         f"{args.head_dim} dims, {args.dtype}, {args.mib} MiB per call, random block ids, "
-        f"median of {args.rounds} rounds, {torch.get_num_threads()} CPU threads"
+        f"{args.rounds} rounds, {torch.get_num_threads()} CPU threads"
     )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load > 0.5 * (os.cpu_count() or 1):
         print(f"note: load average {load:.1f} on {os.cpu_count()} CPUs; other processes skew these figures")
     direction = ("device->host", "host->device") if device.type == "cuda" else ("host", "host")
     print(f"{'block':>6} {'blocks':>7} {'contiguous':>12} {'gather':>11} {'ratio':>6}  "
-          f"{'contiguous':>12} {'scatter':>11} {'ratio':>6}")
-    print(f"{'tokens':>6} {'moved':>7} {direction[0]:>12} {'':>11} {'':>6}  {direction[1]:>12}")
+          f"{'contiguous':>12} {'scatter':>11} {'ratio':>6}   {'median ratios':>14}")
+    print(f"{'tokens':>6} {'moved':>7} {direction[0]:>12} {'':>11} {'':>6}  {direction[1]:>12} {'':>11} {'':>6}"
+          f"   {'gather scatter':>14}")
     for block_size in args.block_sizes:
         figures = measure_transfer(
             block_size, device=device, layers=args.layers, kv_heads=args.kv_heads,
             head_dim=args.head_dim, dtype=dtype, nbytes=args.mib << 20, rounds=args.rounds,
         )
         print(_row(figures))
+    print("throughput and ratios from each operation's best round; median-round ratios on the right")
     return 0
 
 
 def _row(f: TransferFigures) -> str:
+    median_gather, median_scatter = f.median_ratios
     return (
         f"{f.block_size:>6} {f.num_blocks:>7} {f.gbps(f.contiguous_out):>7.1f} GB/s {f.gbps(f.gather):>6.1f} GB/s "
         f"{f.gather_ratio:>5.2f}x  {f.gbps(f.contiguous_in):>7.1f} GB/s {f.gbps(f.scatter):>6.1f} GB/s "
-        f"{f.scatter_ratio:>5.2f}x"
+        f"{f.scatter_ratio:>5.2f}x   {median_gather:>5.2f}x {median_scatter:>6.2f}x"
     )

@@ -18,33 +18,47 @@ import torch
 from capkv.contracts.spec import KVGroupSpec, KVSpec
 from capkv.transfer.copier import BlockCopier
 
-__all__ = ["TransferFigures", "measure_transfer"]
+__all__ = ["Timing", "TransferFigures", "measure_transfer"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call of one operation: the best round and the median round."""
+
+    best: float
+    median: float
 
 
 @dataclass(frozen=True)
 class TransferFigures:
-    """Median seconds per call for each operation, over the same bytes."""
+    """Timings of each operation over the same bytes."""
 
     block_size: int
     num_blocks: int
     nbytes: int
-    contiguous_out: float
+    contiguous_out: Timing
     """Contiguous copy in the gather direction (device -> host)."""
-    contiguous_in: float
+    contiguous_in: Timing
     """Contiguous copy in the scatter direction (host -> device)."""
-    gather: float
-    scatter: float
+    gather: Timing
+    scatter: Timing
 
     @property
     def gather_ratio(self) -> float:
-        return self.contiguous_out / self.gather
+        """Best gather against best contiguous copy (the capability, least disturbed by other load)."""
+        return self.contiguous_out.best / self.gather.best
 
     @property
     def scatter_ratio(self) -> float:
-        return self.contiguous_in / self.scatter
+        return self.contiguous_in.best / self.scatter.best
 
-    def gbps(self, seconds: float) -> float:
-        return self.nbytes / seconds / 1e9
+    @property
+    def median_ratios(self) -> tuple[float, float]:
+        """Gather and scatter ratios of the median rounds."""
+        return self.contiguous_out.median / self.gather.median, self.contiguous_in.median / self.scatter.median
+
+    def gbps(self, timing: Timing) -> float:
+        return self.nbytes / timing.best / 1e9
 
 
 def measure_transfer(
@@ -105,15 +119,15 @@ def measure_transfer(
             sync()
             if round_index:  # the first round warms up (page faults, kernels, pinned pages)
                 times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    timings = {name: Timing(min(values), statistics.median(values)) for name, values in times.items()}
     return TransferFigures(
         block_size=block_size,
         num_blocks=moved,
         nbytes=moved * block_nbytes,
-        contiguous_out=medians["contiguous_out"],
-        contiguous_in=medians["contiguous_in"],
-        gather=medians["gather"],
-        scatter=medians["scatter"],
+        contiguous_out=timings["contiguous_out"],
+        contiguous_in=timings["contiguous_in"],
+        gather=timings["gather"],
+        scatter=timings["scatter"],
     )
 
 

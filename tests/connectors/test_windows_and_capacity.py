@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from capkv import KVConnectorOutput
+from capkv import ContractError
 from capkv.connectors import CPUOffloadConnector
 from capkv.transfer import BlockCopier
 from capkv.transfer.handle import CopyHandle
@@ -52,8 +52,6 @@ def test_repeated_null_ids_are_legal_and_a_repeated_real_id_is_not() -> None:
     connector = CPUOffloadConnector(spec, capacity_blocks=8)
     request = Req("r", tokens(14, 64), num_computed_tokens=64)
     assert connector.request_finished_all_groups(request, ([1, 2, 3, 4], [0, 0, 5, 6])) == (True, None)
-    from capkv import ContractError
-
     with pytest.raises(ContractError, match="block id 5 appears twice in group 1") as caught:
         connector.request_finished_all_groups(Req("s", tokens(15, 64), 64), ([7, 8, 9, 10], [0, 5, 5, 11]))
     assert caught.value.group == 1 and caught.value.value == 5
@@ -156,6 +154,6 @@ def test_a_save_holds_the_blocks_until_the_copy_completes(monkeypatch: pytest.Mo
 def test_finished_sending_is_reported_once_per_request() -> None:
     spec = make_spec([Group(16)], num_blocks=64)
     connector = CPUOffloadConnector(spec, capacity_blocks=32)
-    MiniEngine(spec, connector).run("a", tokens(28, 40))
-    assert connector.get_finished(set()) == (None, None)
-    connector.update_connector_output(KVConnectorOutput())
+    run = MiniEngine(spec, connector).run("a", tokens(28, 40))
+    assert run.steps_until_freed == 1  # reported by the step that saved it...
+    assert connector.get_finished(set()) == (None, None)  # ...and never again
