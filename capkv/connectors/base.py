@@ -154,12 +154,15 @@ class PrefixStoreConnector(KVConnectorBase[TokenRequest]):
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         return self._worker.take_load_errors()
 
-    def get_kv_connector_stats(self) -> dict[str, int]:
-        return {
-            "hit_tokens": self._scheduler.hit_tokens,
-            "loaded_blocks": self._worker.loaded_blocks,
-            "saved_blocks": self._worker.saved_blocks,
-        }
+    def get_kv_connector_stats(self) -> dict[str, int] | None:
+        """Counters since the last call (``None`` when all are zero): ``hit_tokens``,
+        ``loaded_blocks``/``loaded_bytes``, ``saved_blocks``/``saved_bytes`` (saves started),
+        ``failed_blocks`` (loads that failed)."""
+        counts = self._worker.take_counts()
+        hit_tokens = self._scheduler.take_hit_tokens()
+        if hit_tokens:
+            counts["hit_tokens"] = hit_tokens
+        return counts or None
 
     def shutdown(self) -> None:
         self._worker.shutdown()

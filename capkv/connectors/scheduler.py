@@ -72,7 +72,7 @@ class StoreScheduler:
         self._pinned_by_step: deque[list[BlockKey]] = deque()
         self._saving: dict[str, list[BlockKey]] = {}
         self.hit_tokens = 0
-        """Tokens offered to and accepted by the engine so far."""
+        """Tokens offered and accepted since the last :meth:`take_hit_tokens`."""
 
     # ---- lookups -------------------------------------------------------------------
 
@@ -187,6 +187,11 @@ class StoreScheduler:
             self._saves.append(BlockMove(request_id, group, ids, group_keys, slots))
         self._saving[request_id] = [key for entries in planned.values() for _, key, _ in entries]
         return True
+
+    def take_hit_tokens(self) -> int:
+        """Tokens loaded into the engine since the last call."""
+        tokens, self.hit_tokens = self.hit_tokens, 0
+        return tokens
 
     # ---- step boundaries -------------------------------------------------------------
 

@@ -10,6 +10,7 @@ completed, and only then may the engine free them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Mapping
 
 import torch
@@ -44,8 +45,7 @@ class StoreWorker(ABC):
         self._copier: BlockCopier | None = None
         self._sending: dict[str, list[CopyHandle]] = {}
         self._errors: LoadErrors = {}
-        self.loaded_blocks = 0
-        self.saved_blocks = 0
+        self._counts: Counter[str] = Counter()
 
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         self._copier = BlockCopier(self._spec, kv_caches, owner=self._owner)
@@ -72,7 +72,10 @@ class StoreWorker(ABC):
             handles.append(handle)
             if failed:
                 self._errors.setdefault(move.group, set()).update(failed)
-            self.loaded_blocks += len(move.block_ids) - len(failed)
+            loaded = len(move.block_ids) - len(failed)
+            self._counts["loaded_blocks"] += loaded
+            self._counts["loaded_bytes"] += loaded * copier.block_nbytes(move.group)
+            self._counts["failed_blocks"] += len(failed)
         for handle in handles:
             handle.stream_wait()
 
@@ -83,7 +86,8 @@ class StoreWorker(ABC):
         copier = self.copier("start_load_kv")
         for move in metadata.saves:
             self._sending.setdefault(move.request_id, []).append(self._save(copier, move))
-            self.saved_blocks += len(move.block_ids)
+            self._counts["saved_blocks"] += len(move.block_ids)
+            self._counts["saved_bytes"] += len(move.block_ids) * copier.block_nbytes(move.group)
 
     def finished(self) -> set[str] | None:
         """Requests whose every save has completed (their blocks may be freed now)."""
@@ -91,6 +95,11 @@ class StoreWorker(ABC):
         for request_id in done:
             del self._sending[request_id]
         return done or None
+
+    def take_counts(self) -> dict[str, int]:
+        """Blocks and bytes loaded, saved and failed since the last call (non-zero counters only)."""
+        counts, self._counts = dict(+self._counts), Counter()
+        return counts
 
     def take_load_errors(self) -> LoadErrors:
         """Blocks that could not be loaded since the last call, per group."""

@@ -157,3 +157,20 @@ def test_finished_sending_is_reported_once_per_request() -> None:
     run = MiniEngine(spec, connector).run("a", tokens(28, 40))
     assert run.steps_until_freed == 1  # reported by the step that saved it...
     assert connector.get_finished(set()) == (None, None)  # ...and never again
+
+
+def test_statistics_cover_the_time_since_the_last_call() -> None:
+    spec = make_spec(WINDOWED, num_blocks=64)
+    connector = CPUOffloadConnector(spec, capacity_blocks=32)
+    engine = MiniEngine(spec, connector)
+    prompt = tokens(29, 80)
+    engine.run("first", prompt)
+    block_nbytes = [BlockCopier(spec, engine.caches).block_nbytes(g) for g in range(2)]
+    assert connector.get_kv_connector_stats() == {
+        "saved_blocks": 5 + 2, "saved_bytes": 5 * block_nbytes[0] + 2 * block_nbytes[1],
+    }
+    assert connector.get_kv_connector_stats() is None
+    engine.run("second", prompt + [1])
+    stats = connector.get_kv_connector_stats()
+    assert stats is not None and stats["hit_tokens"] == 80 and stats["loaded_blocks"] == 5 + 2
+    assert stats["loaded_bytes"] == 5 * block_nbytes[0] + 2 * block_nbytes[1]
