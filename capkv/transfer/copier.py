@@ -79,7 +79,7 @@ class BlockCopier:
         if ids is None:
             return FINISHED
         word, host = self._rows(runs, rows, len(block_ids), "gather")
-        return self._copies.gather(runs.planes(word), ids, host)
+        return self._copies.gather(runs, word, ids, host)
 
     def scatter(self, group: int, block_ids: Sequence[int], rows: torch.Tensor) -> CopyHandle:
         """Copy ``rows`` into blocks ``block_ids`` of ``group`` (ids must be distinct)."""
@@ -88,7 +88,7 @@ class BlockCopier:
         if ids is None:
             return FINISHED
         word, host = self._rows(runs, rows, len(block_ids), "scatter")
-        return self._copies.scatter(runs.planes(word), ids, host)
+        return self._copies.scatter(runs, word, ids, host)
 
     # ---- checks --------------------------------------------------------------------
 

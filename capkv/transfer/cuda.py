@@ -13,11 +13,10 @@ only ever reuses its memory in that stream's order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from capkv.transfer.handle import CopyHandle, CudaEventCopy
+from capkv.transfer.layout import GroupRuns
 
 __all__ = ["DEFAULT_STAGING_BYTES", "CudaCopies", "chunk_spans"]
 
@@ -65,7 +64,8 @@ class CudaCopies:
         block_nbytes = rows[0].numel() * rows.element_size() if rows.shape[0] else 0
         return chunk_spans(rows.shape[0], block_nbytes, self._staging_nbytes)
 
-    def gather(self, planes: Sequence[torch.Tensor], ids: torch.Tensor, rows: torch.Tensor) -> CopyHandle:
+    def gather(self, runs: GroupRuns, word: int, ids: torch.Tensor, rows: torch.Tensor) -> CopyHandle:
+        planes = runs.planes(word)
         producer = torch.cuda.current_stream(self._device)
         ids_host = ids.pin_memory()
         with torch.cuda.stream(self._stream):
@@ -80,7 +80,8 @@ class CudaCopies:
             event.record(self._stream)
         return CudaEventCopy(event, self._device, (ids_host, ids_dev, rows))
 
-    def scatter(self, planes: Sequence[torch.Tensor], ids: torch.Tensor, rows: torch.Tensor) -> CopyHandle:
+    def scatter(self, runs: GroupRuns, word: int, ids: torch.Tensor, rows: torch.Tensor) -> CopyHandle:
+        planes = runs.planes(word)
         producer = torch.cuda.current_stream(self._device)
         ids_host = ids.pin_memory()
         with torch.cuda.stream(self._stream):

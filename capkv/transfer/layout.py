@@ -45,6 +45,9 @@ class GroupRuns:
     index: int
     layers: tuple[LayerRuns, ...]
     _planes: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=lambda: dict[int, tuple[torch.Tensor, ...]]())
+    _slabs: dict[int, tuple[tuple[int, torch.Tensor], ...]] = field(
+        default_factory=lambda: dict[int, tuple[tuple[int, torch.Tensor], ...]]()
+    )
 
     @property
     def block_nbytes(self) -> int:
@@ -78,6 +81,23 @@ class GroupRuns:
             planes = tuple(plane for layer in self.layers for plane in layer.planes(word))
             self._planes[word] = planes
         return planes
+
+    def slabs(self, word: int) -> tuple[tuple[int, torch.Tensor], ...]:
+        """``(first run, slab)`` covering every run in order: a layer's runs as one
+        ``(runs, num_blocks, width)`` view where they are evenly spaced, else one run each (cached)."""
+        slabs = self._slabs.get(word)
+        if slabs is None:
+            found: list[tuple[int, torch.Tensor]] = []
+            first = 0
+            for layer in self.layers:
+                slab = layer.slab(word)
+                if slab is not None:
+                    found.append((first, slab))
+                else:
+                    found.extend((first + i, plane.unsqueeze(0)) for i, plane in enumerate(layer.planes(word)))
+                first += len(layer.run_offsets)
+            slabs = self._slabs[word] = tuple(found)
+        return slabs
 
 
 class KVLayout:

@@ -85,6 +85,23 @@ class LayerRuns:
         stride = (self.block_stride // word, 1)
         return tuple(words.as_strided(shape, stride, offset // word) for offset in self.run_offsets)
 
+    def slab(self, word: int) -> torch.Tensor | None:
+        """All planes as one ``(runs, num_blocks, run_nbytes // word)`` view, when evenly spaced.
+
+        Dense layouts always are (their outer dimensions nest); one indexed
+        write per layer then replaces one per run.
+        """
+        offsets = self.run_offsets
+        gaps = {after - before for before, after in zip(offsets, offsets[1:])}
+        if len(gaps) > 1:
+            return None
+        step = gaps.pop() if gaps else 0
+        return storage_words(self.tensor, word).as_strided(
+            (len(offsets), self.num_blocks, self.run_nbytes // word),
+            (step // word, self.block_stride // word, 1),
+            self.run_offsets[0] // word,
+        )
+
 
 def layer_runs(tensor: torch.Tensor, block_dim: int, *, layer: str, group: int, owner: str) -> LayerRuns:
     """Describe how ``tensor`` lays out its blocks along ``block_dim``.

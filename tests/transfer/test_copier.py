@@ -223,3 +223,25 @@ def test_copy_rows_handles_strided_rows_one_row_at_a_time() -> None:
     strided = pool[:, :12].view(2, 3, 4)
     copy_rows(strided, source)
     assert torch.equal(strided, source) and not pool[:, 12:].any()
+
+
+def test_unevenly_spaced_runs_scatter_one_run_at_a_time() -> None:
+    """Padding between outer indices: the runs are not one slab, and still round-trip."""
+    spec = KVSpec(
+        num_groups=1, num_blocks=6, block_dim=2, dtype=torch.float32,
+        groups=(KVGroupSpec(layer_names=("a", "b"), block_size=3, kv_shape=(2, 3, 6, 4)),),
+    )
+    bases = {name: torch.zeros((2, 4, 6, 4), dtype=torch.float32) for name in ("a", "b", "ta", "tb")}
+    source = {"a": bases["a"][:, :3], "b": bases["b"][:, :3]}  # outer offsets 0, 24, 48, 96, ...: uneven
+    randomize(source, seed=9)
+    copier = BlockCopier(spec, source)
+    assert copier.layout.groups[0].layers[0].slab(4) is None
+    rows = copier.host_rows(3, copier.block_nbytes(0))
+    copier.gather(0, [5, 0, 2], rows)
+    target = {"a": bases["ta"][:, :3], "b": bases["tb"][:, :3]}
+    BlockCopier(spec, target).scatter(0, [1, 3, 4], rows)
+    for name in source:
+        for s, d in zip([5, 0, 2], [1, 3, 4], strict=True):
+            assert same_bits(target[name][:, :, d], source[name][:, :, s])
+        assert not target[name][:, :, [0, 2, 5]].any()
+    assert not bases["ta"][:, 3].any() and not bases["tb"][:, 3].any()  # the padding is left alone
