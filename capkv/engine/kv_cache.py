@@ -1,0 +1,86 @@
+"""The paged KV cache: one tensor per layer, addressed through a group's block table.
+
+Each layer's tensor is ``(2, num_blocks, block_size, num_kv_heads, head_dim)``
+(keys and values first, blocks in dimension 1, as :meth:`ModelShape.kv_spec`
+declares). A token position ``p`` of a request lives in block ``table[p // block_size]``
+at offset ``p % block_size`` — its *slot*. Fresh and reset caches are filled with
+a poison value, so a block a connector claimed to load but never wrote is caught.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+import torch
+
+from capkv.engine.model import NULL_BLOCK_ID, GroupLayout, ModelShape
+
+__all__ = ["PagedKVCache", "Slots"]
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Where some token positions live in one group: block ids and in-block offsets (on the device)."""
+
+    positions: list[int]
+    block_indices: list[int]
+    """Index of each position's block in the table."""
+    block_ids: torch.Tensor
+    offsets: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @staticmethod
+    def concat(parts: list[Slots]) -> Slots:
+        return Slots(
+            [p for part in parts for p in part.positions],
+            [i for part in parts for i in part.block_indices],
+            torch.cat([part.block_ids for part in parts]),
+            torch.cat([part.offsets for part in parts]),
+        )
+
+
+class PagedKVCache:
+    """Every layer's paged KV tensor, allocated from the model shape."""
+
+    def __init__(self, shape: ModelShape, *, mem_pool: AbstractContextManager[object] | None = None) -> None:
+        self.shape = shape
+        self.device = torch.device(shape.device)
+        self.null_block_id = NULL_BLOCK_ID
+        self.group_of_layer = {name: group for group in shape.groups for name in group.layer_names}
+        with mem_pool if mem_pool is not None else nullcontext():
+            self.tensors: dict[str, torch.Tensor] = {
+                name: torch.empty(shape.kv_shape(group), dtype=shape.dtype, device=self.device)
+                for name, group in self.group_of_layer.items()
+            }
+        self.poison()
+
+    def poison(self) -> None:
+        """Fill every block with a value the model never produces (NaN, or the minimum integer)."""
+        for tensor in self.tensors.values():
+            if tensor.dtype.is_floating_point:
+                tensor.fill_(float("nan"))
+            else:
+                tensor.fill_(torch.iinfo(tensor.dtype).min)
+
+    def slots(self, group: GroupLayout, table: list[int], positions: Iterable[int], *, skip_null: bool = False) -> Slots:
+        """The slots of ``positions`` (the table must cover them); ``skip_null`` leaves out null blocks."""
+        size = group.block_size
+        kept = [p for p in positions if not (skip_null and table[p // size] == self.null_block_id)]
+        indices = [p // size for p in kept]
+        return Slots(
+            kept,
+            indices,
+            torch.tensor([table[i] for i in indices], dtype=torch.int64, device=self.device),
+            torch.tensor([p % size for p in kept], dtype=torch.int64, device=self.device),
+        )
+
+    def write(self, layer: str, slots: Slots, kv: torch.Tensor) -> None:
+        """Store ``kv`` (``[2, P, heads, head_dim]``) at the slots."""
+        self.tensors[layer][:, slots.block_ids, slots.offsets] = kv
+
+    def read(self, layer: str, slots: Slots) -> torch.Tensor:
+        """The KV at the slots, ``[2, P, heads, head_dim]``."""
+        return self.tensors[layer][:, slots.block_ids, slots.offsets]

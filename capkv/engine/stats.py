@@ -1,0 +1,70 @@
+"""What the engine counts while serving: prefix hits per group, bytes loaded, time in transfers.
+
+Counts are from the engine's side of the contract — what it asked connectors to
+load, and how long their worker-side calls took — so they are available for any
+connector. Connectors' own statistics (``get_kv_connector_stats``) are kept too,
+as reported, for callers that know their shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["EngineStats", "GroupStats"]
+
+
+@dataclass
+class GroupStats:
+    """One KV-cache group's prefix reuse.
+
+    Token counts cover positions whose KV the group actually holds: a sliding-window
+    group reuses only the blocks inside its window, so it counts fewer tokens (and
+    moves fewer bytes) than a full-attention group for the same hit.
+    """
+
+    local_hit_tokens: int = 0
+    """Tokens served from blocks already in the paged cache."""
+    loaded_tokens: int = 0
+    """Tokens in blocks a connector loaded."""
+    loaded_blocks: int = 0
+    loaded_bytes: int = 0
+    """Bytes of the loaded blocks, over every layer of the group."""
+
+
+@dataclass
+class EngineStats:
+    """Counters of one engine, since it started or since :meth:`reset`."""
+
+    num_groups: int
+    requests_finished: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0
+    computed_tokens: int = 0
+    local_hit_tokens: int = 0
+    """Prompt tokens covered by local prefix-cache hits (all groups agree on the length)."""
+    external_hit_tokens: int = 0
+    """Prompt tokens connectors offered to load (``num_external_tokens``)."""
+    load_error_blocks: int = 0
+    kv_events: int = 0
+    load_seconds: float = 0.0
+    """Wall time inside ``start_load_kv`` and ``wait_for_layer_load``."""
+    save_seconds: float = 0.0
+    """Wall time inside ``save_kv_layer`` and ``wait_for_save``."""
+    finish_seconds: float = 0.0
+    """Wall time inside ``finish_request`` (connectors that store at finish copy there)."""
+    groups: list[GroupStats] = field(default_factory=lambda: list[GroupStats]())
+    connector_stats: list[object] = field(default_factory=lambda: list[object]())
+    """Every non-``None`` ``get_kv_connector_stats()`` answer, in step order."""
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            self.groups = [GroupStats() for _ in range(self.num_groups)]
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(g.loaded_bytes for g in self.groups)
+
+    def reset(self) -> None:
+        """Zero every counter (between a cold and a warm run)."""
+        fresh = EngineStats(self.num_groups)
+        self.__dict__.update(fresh.__dict__)
