@@ -69,6 +69,7 @@ _C8 = TypeVar("_C8", bound=KVConnector)
 _T = TypeVar("_T")
 _M = TypeVar("_M", MultiConnectorMetadata, MultiWorkerMetadata)
 _FinishResult = tuple[bool, KVTransferParams | None]
+_Finisher = Callable[[Request, Any], _FinishResult]
 
 
 class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
@@ -91,8 +92,8 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
     _extra_async_saves: dict[str, int]
     _send_countdown: SendCountdown
     _receive_once: ReceiveOnce
-    _single_finishers: tuple[Callable[[Request, Any], _FinishResult], ...]
-    _hma_finishers: tuple[Callable[[Request, Any], _FinishResult], ...]
+    _single_finishers: tuple[_Finisher, ...]
+    _hma_finishers: tuple[_Finisher, ...]
 
     @overload
     def __new__(cls, c1: _H1, /) -> HMAMultiConnector[_H1]: ...
@@ -245,7 +246,7 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
     def _aggregate_finished(
         self,
         request: Request,
-        finishers: tuple[Callable[[Request, Any], _FinishResult], ...],
+        finishers: tuple[_Finisher, ...],
         block_ids: object,
         method: str,
     ) -> _FinishResult:
@@ -254,37 +255,53 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         The blocks stay allocated until every child that saves asynchronously has
         reported; the extra count travels to the worker side in the next metadata.
         Even when a child raises or params clash, the saves already accepted are
-        recorded first, so no block is released under a running copy.
+        recorded first, so no block is released under a running copy. (This is a
+        per-request hot path: the common case touches no dict but the bookkeeping.)
         """
         async_saves = 0
-        merged: KVTransferParams | None = None
-        owners: dict[str, int] = {}
+        returned: list[tuple[_Finisher, KVTransferParams]] | None = None
         try:
-            for index, finish in enumerate(finishers):
+            for finish in finishers:
                 delay_free, params = finish(request, block_ids)
                 if delay_free:
                     async_saves += 1
                 if params:
-                    if merged is None:
-                        merged = dict(params)
-                        owners = dict.fromkeys(params, index)
-                        continue
-                    for key, value in params.items():
-                        if key in merged:
-                            raise ConflictError(
-                                f"{self._names[index]}.{method} returned kv_transfer_params key "
-                                f"{key!r}, already returned by {self._names[owners[key]]}",
-                                connector=self._names[index],
-                                method=method,
-                                value=key,
-                            )
-                        merged[key] = value
-                        owners[key] = index
+                    if returned is None:
+                        returned = [(finish, params)]
+                    else:
+                        returned.append((finish, params))
         finally:
             if async_saves > 1:
                 self._extra_async_saves[request.request_id] = async_saves - 1
-            self._load_child.pop(request.request_id, None)
-        return async_saves > 0, merged
+            if self._load_child:
+                self._load_child.pop(request.request_id, None)
+        if returned is None:
+            return async_saves > 0, None
+        return async_saves > 0, self._merge_params(returned, finishers, method)
+
+    def _merge_params(
+        self,
+        returned: list[tuple[_Finisher, KVTransferParams]],
+        finishers: tuple[_Finisher, ...],
+        method: str,
+    ) -> KVTransferParams:
+        """Merge the children's ``kv_transfer_params``; a key given twice is a conflict."""
+        merged: KVTransferParams = {}
+        owners: dict[str, int] = {}
+        for finish, params in returned:
+            index = next(i for i, f in enumerate(finishers) if f is finish)
+            for key, value in params.items():
+                if key in merged:
+                    raise ConflictError(
+                        f"{self._names[index]}.{method} returned kv_transfer_params key "
+                        f"{key!r}, already returned by {self._names[owners[key]]}",
+                        connector=self._names[index],
+                        method=method,
+                        value=key,
+                    )
+                merged[key] = value
+                owners[key] = index
+        return merged
 
     def take_events(self) -> list[object]:
         """Every child's events, in child order (drained eagerly: none are lost)."""
