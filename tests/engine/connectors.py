@@ -192,12 +192,15 @@ class Group0Only(BlockStore):
 
 
 class OffByOne(BlockStore):
-    """Loads each block from the store entry of the block before it (a wrong-prefix load)."""
+    """Loads each block but the first from the store entry of the block before it (a wrong-prefix load)."""
+
+    shifted_loads = 0
 
     def load_block(self, copy: Copy, layer: str) -> None:
         group, tokens = copy.key
         size = self.spec.groups[group].block_size or 1
         source = (group, tokens[:-size]) if len(tokens) > size else copy.key
+        self.shifted_loads += source != copy.key
         self.caches[layer][:, copy.block_id] = self.store[source][layer]
 
 
