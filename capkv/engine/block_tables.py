@@ -194,5 +194,10 @@ class BlockTables:
         for table in tables:
             self.pool.free(reversed(table))
 
+    def num_held(self, request: Request) -> int:
+        """Real (non-null) blocks the request holds, over every group."""
+        null = self.pool.null_block_id
+        return sum(1 for table in self._tables[request.request_id] for b in table if b != null)
+
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._tables

@@ -81,7 +81,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise ConfigError(f"request id {request.request_id!r} is already in the engine", value=request.request_id)
-        most = self._max_blocks(request.num_prompt_tokens + request.max_tokens)
+        most = self._max_blocks(request)
         if most > self.tables.pool.num_blocks - 1:
             raise ConfigError(
                 f"request {request.request_id!r} needs up to {most} blocks; the pool has "
@@ -92,7 +92,9 @@ class Scheduler:
         self.waiting.append(request)
         self.stats.prompt_tokens += request.num_prompt_tokens
 
-    def _max_blocks(self, num_tokens: int) -> int:
+    def _max_blocks(self, request: Request) -> int:
+        """The most blocks ``request`` ever holds at once (sliding windows cap their groups)."""
+        num_tokens = request.num_prompt_tokens + request.max_tokens
         total = 0
         for group in self.shape.groups:
             blocks = math.ceil(num_tokens / group.block_size)
@@ -100,6 +102,15 @@ class Scheduler:
                 blocks = min(blocks, math.ceil((group.sliding_window - 1) / group.block_size) + 2)
             total += blocks
         return total
+
+    def _reserved(self) -> int:
+        """Blocks the admitted requests may still take; new requests must leave them free.
+
+        Reserving each request's worst case at admission is what lets this engine
+        do without preemption: whatever was admitted can always run to the end.
+        """
+        admitted = [*self.running, *(r for r in self.waiting if r.request_id in self.tables)]
+        return sum(max(0, self._max_blocks(r) - self.tables.num_held(r)) for r in admitted)
 
     @property
     def has_unfinished(self) -> bool:
@@ -158,6 +169,8 @@ class Scheduler:
 
     def _allocate(self, request: Request) -> str:
         """Find hits and allocate a new request: ``"ok"``, ``"loading"`` (async), ``"retry"`` or ``"full"``."""
+        if self._max_blocks(request) > self.tables.pool.num_free - self._reserved():
+            return "full"
         hit = self.tables.find_local_hit(request)
         external, load_async = self.connector.get_num_new_matched_tokens(request, hit.num_tokens)
         if external is None:
