@@ -2,7 +2,8 @@
 
 Start-up follows vLLM: the stack is checked against the KV-cache groups
 (:func:`capkv.check_stack` — a non-HMA stack on a hybrid model is refused here,
-not when the first request finishes), wrapped by dev-mode contracts when asked,
+not when the first request finishes), wrapped by dev-mode contracts (a no-op
+unless dev mode is on),
 then asked for a memory pool, handed the paged tensors, and introduced to its
 peers. Each :meth:`Engine.step` is one schedule → forward → update round.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterable
 from capkv.capabilities.hma import describe
 from capkv.capabilities.serving import check_stack
 from capkv.contracts.connector import KVConnector
+from capkv.contracts.spec import KVSpec
 from capkv.engine.block_pool import BlockPool
 from capkv.engine.block_tables import BlockTables
 from capkv.engine.compute import KVFunction
@@ -33,12 +35,13 @@ Progress = Callable[[int, int], None]
 """Called after each step with (requests finished, requests added)."""
 
 
-def instrument_for_dev_mode(connector: KVConnector[Request], shape: ModelShape) -> KVConnector[Request]:
-    """DEV MODE CALL SITE: wrap the stack in capkv's dev-mode contracts.
+def instrument(connector: KVConnector[Request], spec: KVSpec) -> KVConnector[Request]:
+    """THE dev-mode call site: wrap the stack in capkv's dev-mode contracts, once, at start-up.
 
-    ``capkv.instrument(connector, spec)`` (branch ``devmode``) has not landed on
-    main yet; until it does, this is the identity. When it lands, replace the
-    body with ``return capkv.instrument(connector, shape.kv_spec())``.
+    TODO(devmode): ``capkv.instrument(connector, spec)`` (branch ``devmode``) has
+    not landed on main yet; until it does this is the identity. When it lands,
+    the body becomes ``return capkv.instrument(connector, spec)`` — itself the
+    identity unless dev mode is on (``CAPKV_DEV=1`` or ``python -X dev``).
     """
     return connector
 
@@ -51,7 +54,6 @@ class Engine:
         shape: ModelShape,
         connector: KVConnector[Request],
         *,
-        dev_mode: bool = True,
         verify: bool = True,
         max_num_seqs: int = 32,
         max_num_batched_tokens: int = 8192,
@@ -67,8 +69,7 @@ class Engine:
                 method="get_required_kvcache_layout",
                 value=layout,
             )
-        if dev_mode:
-            connector = instrument_for_dev_mode(connector, shape)
+        connector = instrument(connector, spec)
         self.shape = shape
         self.spec = spec
         self.connector = connector

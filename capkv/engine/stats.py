@@ -8,7 +8,7 @@ as reported, for callers that know their shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["EngineStats", "GroupStats"]
 
@@ -44,6 +44,8 @@ class EngineStats:
     """Prompt tokens covered by local prefix-cache hits (all groups agree on the length)."""
     external_hit_tokens: int = 0
     """Prompt tokens connectors offered to load (``num_external_tokens``)."""
+    saved_bytes: int = 0
+    """Bytes connectors report having saved (from their statistics)."""
     load_error_blocks: int = 0
     kv_events: int = 0
     load_seconds: float = 0.0
@@ -63,6 +65,10 @@ class EngineStats:
     @property
     def loaded_bytes(self) -> int:
         return sum(g.loaded_bytes for g in self.groups)
+
+    def snapshot(self) -> EngineStats:
+        """A copy that later steps do not change."""
+        return replace(self, groups=[replace(g) for g in self.groups], connector_stats=list(self.connector_stats))
 
     def reset(self) -> None:
         """Zero every counter (between a cold and a warm run)."""
