@@ -13,6 +13,8 @@ import enum
 import hashlib
 from collections.abc import Sequence
 
+from capkv.errors import ConfigError
+
 __all__ = ["Request", "RequestStatus", "chain_hash"]
 
 _ROOT = b"capkv-prefix"
@@ -52,7 +54,9 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int) -> None:
         if not prompt_token_ids or max_tokens < 1:
-            raise ValueError(f"request {request_id!r} needs a non-empty prompt and max_tokens >= 1")
+            raise ConfigError(
+                f"request {request_id!r} needs a non-empty prompt and max_tokens >= 1", method="Request", value=request_id
+            )
         self.request_id = request_id
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_tokens = max_tokens

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from capkv.capabilities.serving import finish_request
 from capkv.capabilities.hma import describe
@@ -93,13 +94,18 @@ class Scheduler:
         self.stats.prompt_tokens += request.num_prompt_tokens
 
     def _max_blocks(self, request: Request) -> int:
-        """The most blocks ``request`` ever holds at once (sliding windows cap their groups)."""
+        """The most blocks ``request`` ever holds at once.
+
+        A sliding-window group holds the whole prompt while computing it, and
+        afterwards at most the blocks its window spans.
+        """
         num_tokens = request.num_prompt_tokens + request.max_tokens
         total = 0
         for group in self.shape.groups:
             blocks = math.ceil(num_tokens / group.block_size)
             if group.sliding_window is not None:
-                blocks = min(blocks, math.ceil((group.sliding_window - 1) / group.block_size) + 2)
+                window_blocks = math.ceil((group.sliding_window - 1) / group.block_size) + 2
+                blocks = max(math.ceil(request.num_prompt_tokens / group.block_size), min(blocks, window_blocks))
             total += blocks
         return total
 
@@ -109,8 +115,12 @@ class Scheduler:
         Reserving each request's worst case at admission is what lets this engine
         do without preemption: whatever was admitted can always run to the end.
         """
-        admitted = [*self.running, *(r for r in self.waiting if r.request_id in self.tables)]
-        return sum(max(0, self._max_blocks(r) - self.tables.num_held(r)) for r in admitted)
+        growing = (RequestStatus.RUNNING, RequestStatus.WAITING_FOR_REMOTE_KVS)
+        return sum(
+            max(0, self._max_blocks(r) - self.tables.num_held(r))
+            for r in self._requests.values()
+            if r.status in growing
+        )
 
     @property
     def has_unfinished(self) -> bool:
@@ -146,14 +156,10 @@ class Scheduler:
                     held_back.append(request)
                     break
                 outcome = self._allocate(request)
-                if outcome == "retry":
+                if outcome != "ok":
                     held_back.append(request)
-                    continue
-                if outcome == "full":
-                    held_back.append(request)
-                    break
-                if outcome == "loading":
-                    held_back.append(request)
+                    if outcome == "full":
+                        break  # first come, first served: nobody overtakes a request waiting for room
                     continue
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -167,8 +173,12 @@ class Scheduler:
         output.kv_connector_metadata = self.connector.build_connector_meta(output)
         return output
 
-    def _allocate(self, request: Request) -> str:
-        """Find hits and allocate a new request: ``"ok"``, ``"loading"`` (async), ``"retry"`` or ``"full"``."""
+    def _allocate(self, request: Request) -> Literal["ok", "loading", "retry", "full"]:
+        """Find hits and allocate blocks for a new request.
+
+        ``"ok"``: it runs this step; ``"loading"``: it waits for an async load;
+        ``"retry"``: the connector is still looking; ``"full"``: no room yet.
+        """
         if self._max_blocks(request) > self.tables.pool.num_free - self._reserved():
             return "full"
         hit = self.tables.find_local_hit(request)

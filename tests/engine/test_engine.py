@@ -229,7 +229,7 @@ def test_corruption_after_loading_is_caught_when_the_request_finishes() -> None:
 def test_a_request_too_large_for_the_pool_is_refused_when_added() -> None:
     shape = ModelShape(num_layers=2, pattern="FS", sliding_window=16, num_kv_heads=1, head_dim=4, block_size=4, num_blocks=20)
     engine = Engine(shape, BlockStore(shape.kv_spec()))
-    with pytest.raises(capkv.ConfigError, match="needs up to 32 blocks; the pool has 19"):
+    with pytest.raises(capkv.ConfigError, match="needs up to 51 blocks; the pool has 19"):
         engine.add_request(Request("big", list(range(100)), max_tokens=1))
 
 
@@ -249,3 +249,12 @@ def test_a_window_of_one_needs_no_past_kv() -> None:
     # Each prompt is a "hit" of 28 tokens (7 null blocks): only the last 2 prompt tokens and 2 decodes are computed.
     assert engine.stats.local_hit_tokens == 2 * 28
     assert engine.stats.computed_tokens == 2 * (2 + 2)
+
+
+def test_a_pool_with_room_for_one_request_serves_them_one_at_a_time() -> None:
+    # Each request may hold 6 blocks per group (94 tokens / 16), 18 in all; the pool has 19 to give.
+    shape = ModelShape(num_layers=6, pattern="FSS", sliding_window=48, num_kv_heads=2, head_dim=8, block_size=16, num_blocks=20)
+    store = BlockStore(shape.kv_spec(), save="finish")
+    engine = cold_then_warm(shape, store)
+    assert engine.stats.requests_finished == WORKLOAD.num_requests
+    assert engine.stats.external_hit_tokens > 0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from capkv.engine import Engine, ModelShape, VerificationError, Workload
-from tests.engine.connectors import BlockStore, OffByOne
+from capkv import ConfigError
+from capkv.engine import Engine, ModelShape, Request, VerificationError, Workload
+from tests.engine.connectors import BlockStore, FailingLoads, OffByOne
 
 
 @st.composite
@@ -20,7 +21,7 @@ def shapes(draw: st.DrawFn) -> ModelShape:
         head_dim=draw(st.sampled_from([1, 4])),
         block_size=block_size,
         sliding_block_size=draw(st.sampled_from([None, block_size, 2 * block_size])),
-        num_blocks=1500,
+        num_blocks=draw(st.sampled_from([40, 100, 1500])),
     )
 
 
@@ -34,18 +35,30 @@ workloads = st.builds(
     seed=st.integers(0, 100),
 )
 
+def add_all_or_reject(engine: Engine, requests: list[Request]) -> None:
+    """Add the requests; an example whose requests cannot fit the pool is not a valid example."""
+    for request in requests:
+        try:
+            engine.add_request(request)
+        except ConfigError as error:
+            assert "the pool has" in str(error)
+            reject()
+
+
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
-@given(shape=shapes(), workload=workloads, save=st.sampled_from(["layer", "finish"]),
-       load_async=st.booleans(), max_num_seqs=st.integers(1, 4))
+@given(shape=shapes(), workload=workloads, kind=st.sampled_from([BlockStore, FailingLoads]),
+       save=st.sampled_from(["layer", "finish"]), load_async=st.booleans(), max_num_seqs=st.integers(1, 4))
 def test_correct_stores_always_verify(
-    shape: ModelShape, workload: Workload, save: str, load_async: bool, max_num_seqs: int
+    shape: ModelShape, workload: Workload, kind: type[BlockStore], save: str, load_async: bool, max_num_seqs: int
 ) -> None:
-    store = BlockStore(shape.kv_spec(), save=save, load_async=load_async)
+    """A store that loads right, or reports what it failed to load, never trips verification."""
+    store = kind(shape.kv_spec(), save=save, load_async=load_async)
     engine = Engine(shape, store, max_num_seqs=max_num_seqs)
-    engine.run(workload.requests("cold"))
+    add_all_or_reject(engine, workload.requests("cold"))
+    engine.run([])
     engine.reset_prefix_cache()
     engine.run(workload.requests("warm"))
     assert engine.stats.requests_finished == 2 * workload.num_requests
@@ -57,9 +70,10 @@ def test_correct_stores_always_verify(
 def test_wrong_prefix_loads_never_pass(shape: ModelShape, workload: Workload) -> None:
     store = OffByOne(shape.kv_spec())
     engine = Engine(shape, store)
-    engine.run(workload.requests("cold"))
-    engine.reset_prefix_cache()
+    add_all_or_reject(engine, workload.requests("cold"))
     try:
+        engine.run([])
+        engine.reset_prefix_cache()
         engine.run(workload.requests("warm"))
         caught = False
     except VerificationError:
