@@ -11,6 +11,7 @@ engine refuses (before serving).
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import sys
 import tempfile
@@ -52,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stack = parser.add_argument_group("stack")
     stack.add_argument("--stack", default="cpu,file",
                        help="connectors, first loads first: names joined by ',' ; '[...]' nests a stack. "
-                            "Names: cpu, file, single (a single-group connector). (default: cpu,file)")
+                            f"Names: {', '.join(CONNECTORS)} (single: a connector for one KV-cache group). "
+                            "(default: cpu,file)")
     stack.add_argument("--store-dir", type=Path, default=None,
                        help="directory of the file store (default: a temporary directory, removed afterwards)")
     work = parser.add_argument_group("workload")
@@ -87,15 +89,35 @@ def run(args: argparse.Namespace) -> int:
         return _serve(out, engine, workload)
 
 
-def connector_factories(spec: KVSpec, directory: Path) -> dict[str, Callable[[], KVConnector[Any]]]:
-    """The connectors ``--stack`` may name, each built for ``spec``."""
-    from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupConnector
+ConnectorFactory = Callable[[KVSpec, Path], KVConnector[Any]]
+"""Builds a connector for the engine's KV spec; the path is the demo's store directory."""
 
-    return {
-        "cpu": lambda: CPUOffloadConnector(spec),
-        "file": lambda: FileStoreConnector(spec, directory),
-        "single": lambda: SingleGroupConnector(spec),
-    }
+
+def _cpu(spec: KVSpec, directory: Path) -> KVConnector[Any]:
+    from capkv.connectors import CPUOffloadConnector
+
+    return CPUOffloadConnector(spec)
+
+
+def _file(spec: KVSpec, directory: Path) -> KVConnector[Any]:
+    from capkv.connectors import FileStoreConnector
+
+    return FileStoreConnector(spec, directory)
+
+
+def _single(spec: KVSpec, directory: Path) -> KVConnector[Any]:
+    from capkv.connectors import SingleGroupConnector
+
+    return SingleGroupConnector(spec)
+
+
+CONNECTORS: dict[str, ConnectorFactory] = {"cpu": _cpu, "file": _file, "single": _single}
+"""The names ``--stack`` knows. Add your own to try your connector in the demo."""
+
+
+def connector_factories(spec: KVSpec, directory: Path) -> dict[str, Callable[[], KVConnector[Any]]]:
+    """Every known connector, bound to ``spec`` and the store directory."""
+    return {name: functools.partial(factory, spec, directory) for name, factory in CONNECTORS.items()}
 
 
 # ---- serving ---------------------------------------------------------------------------
@@ -180,8 +202,7 @@ def _print_summary(out: TextIO, engine: Engine, runs: list[RunSummary]) -> None:
     rows += [
         ("bytes saved", [_bytes(r.stats.saved_bytes) for r in runs]),
         ("bytes loaded", [_bytes(r.stats.loaded_bytes) for r in runs]),
-        ("copy throughput, save", [_rate(r.stats.saved_bytes, r.stats.save_seconds + r.stats.finish_seconds) for r in runs]),
-        ("copy throughput, load", [_rate(r.stats.loaded_bytes, r.stats.load_seconds) for r in runs]),
+        ("copy throughput", [_rate(r.stats.saved_bytes + r.stats.loaded_bytes, r.stats.transfer_seconds) for r in runs]),
         ("wall time", [f"{r.wall_seconds:.2f} s" for r in runs]),
     ]
     label_width = max(len(label) for label, _ in rows)

@@ -17,7 +17,6 @@ reports it in ``finished_recving``. A request whose blocks a connector keeps
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -304,9 +303,8 @@ class Scheduler:
             mismatch = self.verifier.check_request(request, self.tables.block_ids(request))
             if mismatch is not None:
                 raise VerificationError(mismatch)
-        started = time.perf_counter()
-        delay_free, params = finish_request(self.connector, request, self.tables.computed_block_ids(request))
-        self.stats.finish_seconds += time.perf_counter() - started
+        with self.stats.transferring():
+            delay_free, params = finish_request(self.connector, request, self.tables.computed_block_ids(request))
         self.stats.requests_finished += 1
         self._finished_since_last_step.add(request.request_id)
         if delay_free:

@@ -8,6 +8,9 @@ as reported, for callers that know their shape.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Generator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 __all__ = ["EngineStats", "GroupStats"]
@@ -48,12 +51,10 @@ class EngineStats:
     """Bytes connectors report having saved (from their statistics)."""
     load_error_blocks: int = 0
     kv_events: int = 0
-    load_seconds: float = 0.0
-    """Wall time inside ``start_load_kv`` and ``wait_for_layer_load``."""
-    save_seconds: float = 0.0
-    """Wall time inside ``save_kv_layer`` and ``wait_for_save``."""
-    finish_seconds: float = 0.0
-    """Wall time inside ``finish_request`` (connectors that store at finish copy there)."""
+    transfer_seconds: float = 0.0
+    """Wall time inside the connector calls that may copy KV: ``start_load_kv``,
+    ``wait_for_layer_load``, ``save_kv_layer``, ``wait_for_save``, ``get_finished``
+    and ``finish_request``. Copies a connector runs in the background are not in it."""
     groups: list[GroupStats] = field(default_factory=lambda: list[GroupStats]())
     connector_stats: list[object] = field(default_factory=lambda: list[object]())
     """Every non-``None`` ``get_kv_connector_stats()`` answer, in step order."""
@@ -65,6 +66,15 @@ class EngineStats:
     @property
     def loaded_bytes(self) -> int:
         return sum(g.loaded_bytes for g in self.groups)
+
+    @contextmanager
+    def transferring(self) -> Generator[None]:
+        """Count the time spent in the block as time in transfers."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.transfer_seconds += time.perf_counter() - started
 
     def snapshot(self) -> EngineStats:
         """A copy that later steps do not change."""

@@ -9,7 +9,6 @@ nothing to compute still runs the connector calls, so transfers make progress.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from capkv.contracts.connector import KVConnector
@@ -53,16 +52,14 @@ class Worker:
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         connector = self.connector
         connector.bind_connector_metadata(output.kv_connector_metadata)
-        started = time.perf_counter()
-        connector.start_load_kv(ForwardContext(output, self.layer_names))
-        self.stats.load_seconds += time.perf_counter() - started
+        with self.stats.transferring():
+            connector.start_load_kv(ForwardContext(output, self.layer_names))
         mismatches: list[Mismatch] = []
         if output.scheduled:
             self._forward(output, mismatches)
-        started = time.perf_counter()
-        connector.wait_for_save()
-        self.stats.save_seconds += time.perf_counter() - started
-        sending, recving = connector.get_finished(output.finished_req_ids)
+        with self.stats.transferring():
+            connector.wait_for_save()
+            sending, recving = connector.get_finished(output.finished_req_ids)
         invalid = connector.get_block_ids_with_load_errors()
         stats = connector.get_kv_connector_stats()
         if stats is not None:
@@ -96,9 +93,8 @@ class Worker:
         }
         for layer in self.layer_names:
             group = self.cache.group_of_layer[layer]
-            started = time.perf_counter()
-            connector.wait_for_layer_load(layer)
-            self.stats.load_seconds += time.perf_counter() - started
+            with self.stats.transferring():
+                connector.wait_for_layer_load(layer)
             if self.verifier is not None:
                 for s in output.scheduled:
                     if s.load_check is not None:
@@ -107,8 +103,7 @@ class Worker:
                             s.load_check.start, s.load_check.stop, when="after load",
                         )
             self.cache.write(layer, slots[group.index], self.kv_function.kv(layer, seeds))
-            started = time.perf_counter()
-            connector.save_kv_layer(
-                layer, self.cache.tensors[layer], LayerAttentionMetadata(group.index, slots[group.index])
-            )
-            self.stats.save_seconds += time.perf_counter() - started
+            with self.stats.transferring():
+                connector.save_kv_layer(
+                    layer, self.cache.tensors[layer], LayerAttentionMetadata(group.index, slots[group.index])
+                )

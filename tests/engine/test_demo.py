@@ -1,0 +1,94 @@
+"""``capkv demo``: verified runs, refusals before serving, and a corrupting connector caught."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from capkv.cli import demo
+from capkv.cli.main import main
+from capkv.contracts.spec import KVSpec
+from tests.engine.connectors import OffByOne
+
+SMALL = ["--requests", "6", "--prefixes", "2", "--prefix-len", "64", "--suffix-len", "16", "--max-tokens", "3",
+         "--window", "32", "--kv-heads", "1", "--head-dim", "8", "--num-blocks", "512"]
+
+
+def test_default_stack_round_trips_bit_exact(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"HMAMultiConnector +HMA: yes", out)
+    assert re.search(r"├─ #1 CPUOffloadConnector +HMA: yes", out)
+    assert re.search(r"└─ #2 FileStoreConnector +HMA: yes", out)
+    assert "check_stack: ok, the stack serves all 3 KV-cache groups" in out
+    # Not a terminal: one progress line per quarter, each run ending at 6/6.
+    assert re.search(r"cold +\[#+\] 6/6 requests", out) and re.search(r"warm +\[#+\] 6/6 requests", out)
+    rows = dict(re.findall(r"^  (requests|bytes loaded|bytes saved) +(.+)$", out, re.MULTILINE))
+    assert rows["requests"].split() == ["6", "6"]
+    cold_loaded, warm_loaded = re.findall(r"(\d[\d.]* [kMG]?B)", rows["bytes loaded"])
+    assert cold_loaded == "0 B" and warm_loaded != "0 B"
+    # The warm run gets every prompt back through the stack (all but the last block-aligned token).
+    full_hits = re.search(r"prefix-hit tokens, group 0 \(full\) +(\S+ \+ \S+) +(\S+ \+ \S+)", out)
+    assert full_hits is not None and full_hits.group(2) == "0 + 384"
+    assert out.rstrip().endswith(
+        "verified: bit-exact (every loaded block, and every request's KV at finish, against recomputation)"
+    )
+
+
+def test_a_single_group_connector_is_refused_before_serving(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *SMALL, "--stack", "cpu,[file,single]"]) == 2
+    captured = capsys.readouterr()
+    assert re.search(r"└─ #2 MultiConnector +HMA: no", captured.out)
+    assert re.search(r"└─ #2 SingleGroupConnector +HMA: no", captured.out)
+    assert "serving" not in captured.out
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("capkv demo: refused before serving: CapabilityError:")
+    assert 'sub-connector #2.2 "SingleGroupConnector" does not implement SupportsHMA' in captured.err
+
+
+def test_a_corrupting_connector_fails_verification(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def off_by_one(spec: KVSpec, directory: Path) -> OffByOne:
+        return OffByOne(spec)
+
+    monkeypatch.setitem(demo.CONNECTORS, "offbyone", off_by_one)
+    assert main(["demo", *SMALL, "--stack", "offbyone"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(
+        r"^verified: MISMATCH: request warm-0, group 0, layer layers\.0\.attn, block \d+ \(#1 of its table\), "
+        r"token position 16, checked after load$",
+        out, re.MULTILINE,
+    )
+    assert "bit-exact" not in out
+
+
+@pytest.mark.parametrize(
+    ("stack", "message"),
+    [
+        ("cpu,[file", "']' is missing at character 10"),
+        ("cpu,,file", "a connector name or '[' is missing at character 5"),
+        ("cpu;file", "unexpected ';' at character 4"),
+        ("cpu,tape", "unknown connector 'tape' (known: cpu, file, single"),
+    ],
+)
+def test_bad_stacks_are_one_line_errors(stack: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *SMALL, "--stack", stack]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_bad_model_options_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *SMALL, "--pattern", "FXS"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pattern must be a non-empty string of 'F'" in err
+
+
+def test_the_store_directory_is_kept_only_when_given(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *SMALL, "--stack", "file"]) == 0
+    temporary = re.search(r"FileStoreConnector +HMA: yes +(\S+)", capsys.readouterr().out)
+    assert temporary is not None and not Path(temporary.group(1)).exists()
+    assert main(["demo", *SMALL, "--stack", "file", "--store-dir", str(tmp_path / "store")]) == 0
+    assert any((tmp_path / "store").iterdir())
