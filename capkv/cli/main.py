@@ -16,6 +16,7 @@ __all__ = ["SUBCOMMANDS", "main"]
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
+    "bench": ("capkv.cli.bench", "measure capkv's costs (transfer: block copy throughput)"),
     "demo": ("capkv.cli.demo", "serve a hybrid model through a connector stack, cold then warm, verifying every byte"),
 }
 

@@ -1,0 +1,32 @@
+"""Reference connectors that move real KV for every KV-cache group.
+
+- :class:`CPUOffloadConnector`: a host block pool with LRU eviction;
+- :class:`FileStoreConnector`: one crash-safe file per block in a directory;
+- :class:`SingleGroupOffloadConnector`: single-group on purpose, the
+  counter-example that type checkers and :func:`capkv.check_stack` reject on
+  multi-group models.
+
+All key blocks by group and a chained content hash of the token prefix, so the
+two stores interoperate in a ``MultiConnector`` stack.
+"""
+
+from capkv.connectors.base import PrefixStoreConnector
+from capkv.connectors.cpu_offload import CPUOffloadConnector
+from capkv.connectors.file_store import FileStoreConnector
+from capkv.connectors.hits import GroupGeometry, longest_hit
+from capkv.connectors.keys import BlockKey, PrefixHasher
+from capkv.connectors.metadata import BlockMove, StoreMetadata
+from capkv.connectors.single_group import SingleGroupOffloadConnector
+
+__all__ = [
+    "BlockKey",
+    "BlockMove",
+    "CPUOffloadConnector",
+    "FileStoreConnector",
+    "GroupGeometry",
+    "PrefixHasher",
+    "PrefixStoreConnector",
+    "SingleGroupOffloadConnector",
+    "StoreMetadata",
+    "longest_hit",
+]

@@ -1,0 +1,124 @@
+"""One stored block per file, written so that a reader never sees half of one.
+
+A writer fills a uniquely named temporary file in the same directory, flushes
+and fsyncs it, then renames it over the final name (``os.replace`` is atomic
+on POSIX and Windows) and fsyncs the directory. A crash at any point leaves
+either no file or a complete one under the final name, plus at worst a stray
+temporary file that readers never open.
+
+The header makes every file self-checking — magic, version, the block's key,
+a fingerprint of the KV layout that produced the bytes, the payload length and
+a CRC-32 of the payload — so a truncated, corrupted, foreign or stale file is
+rejected (a miss), never loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import uuid
+import zlib
+from pathlib import Path
+
+import torch
+
+from capkv.connectors.keys import DIGEST_SIZE, BlockKey
+
+__all__ = [
+    "HEADER_SIZE",
+    "TEMP_SUFFIX",
+    "block_path",
+    "read_block_file",
+    "sweep_temporary_files",
+    "tensor_memory",
+    "write_block_file",
+]
+
+_MAGIC = b"CAPKVBLK"
+_VERSION = 1
+_HEADER = struct.Struct(f"<8sII{DIGEST_SIZE}s32sQI")
+HEADER_SIZE = _HEADER.size
+TEMP_SUFFIX = ".tmp"
+_SUFFIX = ".kvblock"
+
+
+def block_path(root: Path, key: BlockKey) -> Path:
+    return root / f"{key.name}{_SUFFIX}"
+
+
+def tensor_memory(rows: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU ``uint8`` tensor, without copying (keep the tensor alive)."""
+    buffer = (ctypes.c_char * rows.numel()).from_address(rows.data_ptr())
+    return memoryview(buffer).cast("B")
+
+
+def write_block_file(root: Path, key: BlockKey, fingerprint: bytes, payload: memoryview) -> None:
+    """Store ``payload`` as ``key``'s block, atomically."""
+    header = _HEADER.pack(_MAGIC, _VERSION, key.group, key.digest, fingerprint, len(payload), zlib.crc32(payload))
+    final = block_path(root, key)
+    temporary = root / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex}{TEMP_SUFFIX}"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(header)
+            file.write(payload)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, final)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_directory(root)
+
+
+def read_block_file(root: Path, key: BlockKey, fingerprint: bytes, into: memoryview) -> bool:
+    """Read ``key``'s block into ``into`` (exactly its length); ``False`` when absent or invalid."""
+    try:
+        with open(block_path(root, key), "rb") as file:
+            header = file.read(HEADER_SIZE)
+            if len(header) != HEADER_SIZE:
+                return False
+            magic, version, group, digest, stored_fingerprint, length, crc = _HEADER.unpack(header)
+            if (magic, version, group, digest, stored_fingerprint, length) != (
+                _MAGIC, _VERSION, key.group, key.digest, fingerprint, len(into)
+            ):
+                return False
+            if file.readinto(into) != length or file.read(1):
+                return False
+    except OSError:
+        return False
+    return zlib.crc32(into) == int(crc)
+
+
+def sweep_temporary_files(root: Path) -> int:
+    """Remove temporary files left by writers that no longer run; how many were removed."""
+    removed = 0
+    for path in root.glob(f".*{TEMP_SUFFIX}"):
+        parts = path.name.rsplit(".", 3)
+        pid = int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
+        if pid is not None and _alive(pid):
+            continue
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_directory(root: Path) -> None:
+    if os.name != "posix":
+        return
+    descriptor = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,86 @@
+"""``CPUOffloadConnector``: finished requests' KV kept in a host block pool, loaded on a prefix hit.
+
+The pool holds ``capacity_blocks`` blocks (each slot as large as the largest
+group's block) and evicts the least recently used block when a save needs
+room — never one that a load or a save is using. On CUDA the pool is pinned
+and copies run on a side stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from capkv.connectors.base import PrefixStoreConnector, require_store_spec
+from capkv.connectors.host_pool import HostPoolIndex
+from capkv.connectors.metadata import BlockMove
+from capkv.connectors.worker import StoreWorker, consecutive_runs
+from capkv.contracts.engine import BlockIds, KVTransferParams, TokenRequest
+from capkv.contracts.spec import KVSpec
+from capkv.errors import ConfigError
+from capkv.transfer.copier import BlockCopier
+from capkv.transfer.handle import CopyHandle, all_of
+
+__all__ = ["CPUOffloadConnector", "HostPoolWorker"]
+
+_SLOT_ALIGNMENT = 64
+"""Slots start on cache lines, so every group's rows take the widest copy word."""
+
+
+class HostPoolWorker(StoreWorker):
+    """The pool memory: ``capacity`` slots, allocated when the engine registers its KV cache."""
+
+    def __init__(self, spec: KVSpec, capacity: int, *, owner: str) -> None:
+        super().__init__(spec, owner=owner)
+        self._capacity = capacity
+        self._pool: torch.Tensor | None = None
+
+    def _attached(self, copier: BlockCopier) -> None:
+        largest = max(copier.block_nbytes(g) for g in range(self._spec.num_groups))
+        slot_nbytes = -(-largest // _SLOT_ALIGNMENT) * _SLOT_ALIGNMENT
+        self._pool = copier.host_rows(self._capacity, slot_nbytes)
+
+    def _rows(self, copier: BlockCopier, group: int, first_slot: int, count: int) -> torch.Tensor:
+        pool = self._pool
+        if pool is None:  # set with the copier
+            raise ConfigError(f"{self._owner}: no host pool", connector=self._owner)
+        return pool[first_slot : first_slot + count, : copier.block_nbytes(group)]
+
+    def _load(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, set[int]]:
+        handles = [
+            copier.scatter(move.group, move.block_ids[i : i + n], self._rows(copier, move.group, slot, n))
+            for i, n, slot in consecutive_runs(move.slots)
+        ]
+        return all_of(handles), set()
+
+    def _save(self, copier: BlockCopier, move: BlockMove) -> CopyHandle:
+        return all_of([
+            copier.gather(move.group, move.block_ids[i : i + n], self._rows(copier, move.group, slot, n))
+            for i, n, slot in consecutive_runs(move.slots)
+        ])
+
+
+class CPUOffloadConnector(PrefixStoreConnector):
+    """Host-memory prefix cache for every KV-cache group (HMA-capable).
+
+    ``spec`` describes the engine's KV cache (every group's layers, block size,
+    sliding window, per-layer shape; the dtype). ``capacity_blocks`` bounds the
+    pool. ``namespace`` separates models that share layer names and shapes.
+    """
+
+    def __init__(self, spec: KVSpec, *, capacity_blocks: int, namespace: str = "") -> None:
+        name = type(self).__name__
+        require_store_spec(spec, name)
+        if capacity_blocks < 1:
+            raise ConfigError(
+                f"{name}: capacity_blocks must be at least 1, got {capacity_blocks!r}",
+                connector=name, method="__init__", value=capacity_blocks,
+            )
+        self.pool = HostPoolIndex(capacity_blocks)
+        """Which blocks the pool holds (scheduler side)."""
+        super().__init__(spec, self.pool, HostPoolWorker(spec, capacity_blocks, owner=name), namespace=namespace)
+
+    def request_finished_all_groups(
+        self, request: TokenRequest, block_ids: BlockIds, /
+    ) -> tuple[bool, KVTransferParams | None]:
+        """Save the request's computed full blocks of every group; hold them until the copy completes."""
+        return self._finish(request, block_ids, "request_finished_all_groups")

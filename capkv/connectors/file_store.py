@@ -1,0 +1,186 @@
+"""``FileStoreConnector``: the same prefix keys as the host pool, one file per block on disk.
+
+Blocks live in one directory, one self-checking file each (see
+:mod:`capkv.connectors.block_file`), written atomically by a background
+thread, so the store survives a process restart and a crash never leaves a
+block that would be read back half-written. The directory *is* the index: a
+block is loadable when its file is there at its full size, whoever wrote it. A
+file that fails its checks at load time is reported as a load error, removed,
+and never copied into the engine. The store has no capacity bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from capkv.connectors.base import PrefixStoreConnector, require_store_spec
+from capkv.connectors.block_file import (
+    HEADER_SIZE,
+    block_path,
+    read_block_file,
+    sweep_temporary_files,
+    tensor_memory,
+    write_block_file,
+)
+from capkv.connectors.keys import BlockKey
+from capkv.connectors.metadata import BlockMove
+from capkv.connectors.worker import StoreWorker
+from capkv.contracts.engine import BlockIds, KVTransferParams, TokenRequest
+from capkv.contracts.spec import KVSpec
+from capkv.errors import ConfigError
+from capkv.transfer.copier import BlockCopier
+from capkv.transfer.handle import FINISHED, CopyHandle
+from capkv.transfer.layout import spec_block_nbytes
+
+__all__ = ["FileIndex", "FileStoreConnector", "FileStoreWorker"]
+
+
+class FileIndex:
+    """The scheduler side's view of the directory: a block is there when its file is, at full size."""
+
+    def __init__(self, root: Path, spec: KVSpec, *, owner: str) -> None:
+        self._root = root
+        self._sizes = tuple(HEADER_SIZE + spec_block_nbytes(spec, g, owner=owner) for g in range(spec.num_groups))
+        self._pending: set[BlockKey] = set()
+
+    def loadable(self, key: BlockKey, /) -> bool:
+        try:
+            return block_path(self._root, key).stat().st_size == self._sizes[key.group]
+        except OSError:
+            return False
+
+    def holds(self, key: BlockKey, /) -> bool:
+        return key in self._pending or self.loadable(key)
+
+    def touch(self, key: BlockKey, /) -> None:
+        return None
+
+    def pin(self, key: BlockKey, /) -> int | None:
+        return 0 if self.loadable(key) else None
+
+    def unpin(self, key: BlockKey, /) -> None:
+        return None
+
+    def reserve(self, key: BlockKey, /) -> int | None:
+        self._pending.add(key)
+        return 0
+
+    def commit(self, key: BlockKey, /) -> None:
+        self._pending.discard(key)
+
+
+class FileStoreWorker(StoreWorker):
+    """Reads block files into host rows and scatters them; gathers and hands rows to a writer thread."""
+
+    def __init__(self, spec: KVSpec, root: Path, *, owner: str) -> None:
+        super().__init__(spec, owner=owner)
+        self._root = root
+        self._fingerprints: tuple[bytes, ...] = ()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capkv-file-store")
+        self._writes: list[Future[None]] = []
+        self.write_failures: list[BaseException] = []
+        """Writes that raised (the block is then simply not stored); :meth:`flush` re-raises the first."""
+
+    def _attached(self, copier: BlockCopier) -> None:
+        self._fingerprints = tuple(
+            hashlib.blake2b(
+                repr((str(self._spec.dtype), group.signature)).encode(), digest_size=32
+            ).digest()
+            for group in copier.layout.groups
+        )
+
+    def _load(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, set[int]]:
+        rows = copier.host_rows(len(move.block_ids), copier.block_nbytes(move.group))
+        fingerprint = self._fingerprints[move.group]
+        good: list[int] = []
+        failed: set[int] = set()
+        for index, key in enumerate(move.keys):
+            if read_block_file(self._root, key, fingerprint, tensor_memory(rows[index])):
+                good.append(index)
+            else:
+                failed.add(move.block_ids[index])
+                block_path(self._root, key).unlink(missing_ok=True)  # so it is not offered again
+        if not good:
+            return FINISHED, failed
+        if failed:
+            rows = rows[good]
+        return copier.scatter(move.group, [move.block_ids[i] for i in good], rows), failed
+
+    def _save(self, copier: BlockCopier, move: BlockMove) -> CopyHandle:
+        rows = copier.host_rows(len(move.block_ids), copier.block_nbytes(move.group))
+        handle = copier.gather(move.group, move.block_ids, rows)
+        self._writes.append(self._writer.submit(self._write, handle, rows, move))
+        return handle
+
+    def _write(self, handle: CopyHandle, rows: torch.Tensor, move: BlockMove) -> None:
+        handle.wait()
+        fingerprint = self._fingerprints[move.group]
+        for index, key in enumerate(move.keys):
+            write_block_file(self._root, key, fingerprint, tensor_memory(rows[index]))
+
+    def finished(self) -> set[str] | None:
+        self._collect(wait=False)
+        return super().finished()
+
+    def _collect(self, *, wait: bool) -> None:
+        pending: list[Future[None]] = []
+        for future in self._writes:
+            if wait or future.done():
+                error = future.exception()
+                if error is not None:
+                    self.write_failures.append(error)
+            else:
+                pending.append(future)
+        self._writes = pending
+
+    def flush(self) -> None:
+        """Wait until every started write is on disk; re-raise the first write that failed."""
+        self._collect(wait=True)
+        if self.write_failures:
+            raise self.write_failures[0]
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        try:
+            self.flush()
+        finally:
+            self._writer.shutdown(wait=True)
+
+
+class FileStoreConnector(PrefixStoreConnector):
+    """On-disk prefix cache for every KV-cache group (HMA-capable), in directory ``root``.
+
+    ``spec`` describes the engine's KV cache; ``namespace`` separates models
+    that share layer names and shapes (use one per model when several share a
+    directory). Temporary files left by crashed writers are removed on start.
+    """
+
+    def __init__(self, spec: KVSpec, *, root: str | os.PathLike[str], namespace: str = "") -> None:
+        name = type(self).__name__
+        require_store_spec(spec, name)
+        self.root = Path(root)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"{name}: cannot use {str(self.root)!r} as the store directory ({exc})",
+                connector=name, method="__init__", value=str(self.root),
+            ) from exc
+        sweep_temporary_files(self.root)
+        self._files = FileStoreWorker(spec, self.root, owner=name)
+        super().__init__(spec, FileIndex(self.root, spec, owner=name), self._files, namespace=namespace)
+
+    def request_finished_all_groups(
+        self, request: TokenRequest, block_ids: BlockIds, /
+    ) -> tuple[bool, KVTransferParams | None]:
+        """Save the request's computed full blocks of every group; hold them until they are gathered."""
+        return self._finish(request, block_ids, "request_finished_all_groups")
+
+    def flush(self) -> None:
+        """Wait until every started save is on disk."""
+        self._files.flush()

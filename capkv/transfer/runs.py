@@ -1,0 +1,142 @@
+"""Where one block's bytes live inside a paged KV tensor.
+
+Whatever the layout — blocks first, blocks after a K/V dimension, or a permuted
+(HND-style) view — each block of a layer occupies one dense run of memory per
+index of the dimensions that vary more slowly than the block dimension. The copy
+ops view each family of runs as a 2-D *plane* ``(num_blocks, run)``, so copying
+any set of blocks is one row gather (or scatter) per plane, whatever the layout.
+
+Planes are views over raw machine words, not over the tensor's dtype: a copy is
+bitwise by construction (bit-exact for every dtype, NaN payloads included), and
+the widest word that the alignment allows (up to 16 bytes) makes the copy
+kernels move one element per 16 bytes instead of one per 2.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from capkv.errors import ConfigError
+
+__all__ = ["WORD_DTYPES", "LayerRuns", "layer_runs", "storage_words", "widest_word"]
+
+WORD_DTYPES: dict[int, torch.dtype] = {
+    16: torch.complex128,
+    8: torch.int64,
+    4: torch.int32,
+    2: torch.int16,
+    1: torch.uint8,
+}
+"""Word size in bytes -> a dtype of that size, widest first."""
+
+
+def widest_word(*byte_quantities: int) -> int:
+    """The widest word size that divides every quantity (addresses, strides, lengths)."""
+    common = 0
+    for quantity in byte_quantities:
+        common = math.gcd(common, quantity)
+    return next((word for word in WORD_DTYPES if common % word == 0), 1)
+
+
+def storage_words(tensor: torch.Tensor, word: int) -> torch.Tensor:
+    """The whole storage under ``tensor`` as a 1-D tensor of ``word``-byte elements."""
+    raw = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    raw.set_(tensor.untyped_storage())
+    return raw[: raw.numel() // word * word].view(WORD_DTYPES[word])
+
+
+@dataclass(frozen=True, eq=False)
+class LayerRuns:
+    """The memory runs of one paged layer tensor, in bytes from its storage's start."""
+
+    tensor: torch.Tensor
+    num_blocks: int
+    block_stride: int
+    """Bytes from one block to the next."""
+    run_nbytes: int
+    """Bytes of one block's run for one index of the outer dimensions."""
+    run_offsets: tuple[int, ...]
+    """Where block 0's runs start, one per outer index, in logical order."""
+    inner_dims: tuple[tuple[int, int], ...] = ()
+    """``(dimension, size)`` inside a run, slowest-varying first: the byte order of a run."""
+    outer_dims: tuple[tuple[int, int], ...] = ()
+    """``(dimension, size)`` enumerating the runs of a block, in logical order."""
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes of one block of this layer."""
+        return self.run_nbytes * len(self.run_offsets)
+
+    @cached_property
+    def alignment(self) -> int:
+        """The widest word every plane of this layer can be read in."""
+        base = self.tensor.untyped_storage().data_ptr()
+        return widest_word(base, self.block_stride, self.run_nbytes, *self.run_offsets)
+
+    def planes(self, word: int) -> tuple[torch.Tensor, ...]:
+        """One ``(num_blocks, run_nbytes // word)`` view per run; ``word`` must divide :attr:`alignment`."""
+        words = storage_words(self.tensor, word)
+        shape = (self.num_blocks, self.run_nbytes // word)
+        stride = (self.block_stride // word, 1)
+        return tuple(words.as_strided(shape, stride, offset // word) for offset in self.run_offsets)
+
+
+def layer_runs(tensor: torch.Tensor, block_dim: int, *, layer: str, group: int, owner: str) -> LayerRuns:
+    """Describe how ``tensor`` lays out its blocks along ``block_dim``.
+
+    Raises :class:`~capkv.ConfigError` when a block's data for one outer index is
+    not one dense run (a padded or overlapping tensor): then no batched copy can
+    move it without touching its neighbours.
+    """
+    if not 0 <= block_dim < tensor.dim():
+        raise ConfigError(
+            f"{owner}: layer {layer!r} of group {group} has shape {tuple(tensor.shape)}, "
+            f"which has no block dimension {block_dim}",
+            connector=owner, method="register_kv_caches", group=group, value=tuple(tensor.shape),
+        )
+    itemsize = tensor.element_size()
+    sizes, strides = tensor.shape, tensor.stride()
+    block_stride = strides[block_dim]
+    dims = [d for d in range(tensor.dim()) if d != block_dim and sizes[d] > 1]
+    inner = sorted((d for d in dims if strides[d] < block_stride), key=lambda d: strides[d])
+    outer = [d for d in dims if strides[d] >= block_stride]
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(
+            f"{owner}: layer {layer!r} of group {group} (shape {tuple(sizes)}, strides {strides}, "
+            f"block_dim {block_dim}) cannot be copied block by block: {why}",
+            connector=owner, method="register_kv_caches", group=group, value=strides,
+        )
+
+    run = 1
+    for d in inner:
+        if strides[d] != run:
+            raise refuse(f"dimension {d} is not dense inside a block")
+        run *= sizes[d]
+    by_stride = sorted(
+        [(block_stride, sizes[block_dim]), *((strides[d], sizes[d]) for d in outer)]
+    )
+    extent = run
+    for stride, size in by_stride:
+        if size > 1 and stride < extent:
+            raise refuse("blocks overlap each other or the dimensions inside them")
+        extent = max(extent, stride * size)
+    base = int(tensor.storage_offset())
+    offsets = tuple(
+        (base + sum(i * strides[d] for i, d in zip(index, outer, strict=True))) * itemsize
+        for index in itertools.product(*(range(sizes[d]) for d in outer))
+    )
+    return LayerRuns(
+        tensor=tensor,
+        num_blocks=sizes[block_dim],
+        block_stride=block_stride * itemsize,
+        run_nbytes=run * itemsize,
+        run_offsets=offsets,
+        inner_dims=tuple((d, sizes[d]) for d in reversed(inner)),
+        outer_dims=tuple((d, sizes[d]) for d in outer),
+    )
