@@ -26,6 +26,7 @@ import torch
 
 from capkv.cli.progress import Progress
 from capkv.cli.stack_spec import build_stack, parse_stack, render_stack
+from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupOffloadConnector
 from capkv.contracts.connector import KVConnector
 from capkv.contracts.spec import KVSpec
 from capkv.engine import Engine, ModelShape, VerificationError, Workload
@@ -55,20 +56,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="connectors, first loads first: names joined by ',' ; '[...]' nests a stack. "
                             f"Names: {', '.join(CONNECTORS)} (single: a connector for one KV-cache group). "
                             "(default: cpu,file)")
+    stack.add_argument("--cpu-blocks", type=int, default=4096,
+                       help="blocks the host pool of cpu (and single) holds (default: 4096)")
     stack.add_argument("--store-dir", type=Path, default=None,
                        help="directory of the file store (default: a temporary directory, removed afterwards)")
     work = parser.add_argument_group("workload")
     work.add_argument("--requests", type=int, default=32, help="requests per run (default: 32)")
     work.add_argument("--prefixes", type=int, default=4, help="distinct shared prefixes (default: 4)")
     work.add_argument("--prefix-len", type=int, default=384, help="tokens in each shared prefix (default: 384)")
-    work.add_argument("--suffix-len", type=int, default=64, help="tokens of each request's own (default: 64)")
+    work.add_argument("--suffix-len", type=int, default=65, help="tokens of each request's own (default: 65)")
     work.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request (default: 8)")
     work.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the paged KV cache lives")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default: 1; the demo's many small tensor ops "
+                             "only lose time to thread hand-offs, badly so on a busy machine)")
 
 
 def run(args: argparse.Namespace) -> int:
     out = sys.stdout
+    if args.threads < 1:
+        return _fail(ConfigError(f"--threads must be at least 1, got {args.threads}", method="demo", value=args.threads))
+    torch.set_num_threads(args.threads)
     try:
         shape, workload = _shape(args), _workload(args)
         tree = parse_stack(args.stack)
@@ -76,10 +85,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail(error)
     with _store_directory(args.store_dir) as directory:
         try:
-            stack = build_stack(tree, connector_factories(shape.kv_spec(), directory))
+            settings = StackSettings(shape.kv_spec(), directory, args.cpu_blocks)
+            stack = build_stack(tree, {name: functools.partial(make, settings) for name, make in CONNECTORS.items()})
         except CapkvError as error:
             return _fail(error)
-        _print_setup(out, shape, workload, stack, directory)
+        _print_setup(out, shape, workload, stack)
         try:
             engine = Engine(shape, stack)
         except CapkvError as error:
@@ -89,35 +99,32 @@ def run(args: argparse.Namespace) -> int:
         return _serve(out, engine, workload)
 
 
-ConnectorFactory = Callable[[KVSpec, Path], KVConnector[Any]]
-"""Builds a connector for the engine's KV spec; the path is the demo's store directory."""
+@dataclass(frozen=True)
+class StackSettings:
+    """What a connector factory gets: the engine's KV spec and the demo's options for stores."""
+
+    spec: KVSpec
+    store_dir: Path
+    cpu_blocks: int
 
 
-def _cpu(spec: KVSpec, directory: Path) -> KVConnector[Any]:
-    from capkv.connectors import CPUOffloadConnector
-
-    return CPUOffloadConnector(spec)
+ConnectorFactory = Callable[[StackSettings], KVConnector[Any]]
 
 
-def _file(spec: KVSpec, directory: Path) -> KVConnector[Any]:
-    from capkv.connectors import FileStoreConnector
-
-    return FileStoreConnector(spec, directory)
+def _cpu(settings: StackSettings) -> KVConnector[Any]:
+    return CPUOffloadConnector(settings.spec, capacity_blocks=settings.cpu_blocks)
 
 
-def _single(spec: KVSpec, directory: Path) -> KVConnector[Any]:
-    from capkv.connectors import SingleGroupConnector
+def _file(settings: StackSettings) -> KVConnector[Any]:
+    return FileStoreConnector(settings.spec, root=settings.store_dir)
 
-    return SingleGroupConnector(spec)
+
+def _single(settings: StackSettings) -> KVConnector[Any]:
+    return SingleGroupOffloadConnector(settings.spec, capacity_blocks=settings.cpu_blocks)
 
 
 CONNECTORS: dict[str, ConnectorFactory] = {"cpu": _cpu, "file": _file, "single": _single}
 """The names ``--stack`` knows. Add your own to try your connector in the demo."""
-
-
-def connector_factories(spec: KVSpec, directory: Path) -> dict[str, Callable[[], KVConnector[Any]]]:
-    """Every known connector, bound to ``spec`` and the store directory."""
-    return {name: functools.partial(factory, spec, directory) for name, factory in CONNECTORS.items()}
 
 
 # ---- serving ---------------------------------------------------------------------------
@@ -162,7 +169,7 @@ def _serve(out: TextIO, engine: Engine, workload: Workload) -> int:
 # ---- presentation -------------------------------------------------------------------------
 
 
-def _print_setup(out: TextIO, shape: ModelShape, workload: Workload, stack: object, directory: Path) -> None:
+def _print_setup(out: TextIO, shape: ModelShape, workload: Workload, stack: object) -> None:
     dtype = str(shape.dtype).removeprefix("torch.")
     out.write(
         f"model     {shape.num_layers} layers, pattern {shape.pattern}, {shape.num_kv_heads} KV heads x "
@@ -177,12 +184,16 @@ def _print_setup(out: TextIO, shape: ModelShape, workload: Workload, stack: obje
         f"{workload.prefix_len} tokens + {workload.suffix_len} of their own, {workload.max_tokens} generated\n"
     )
     out.write("stack\n")
-    for line in render_stack(stack, lambda leaf: _leaf_detail(leaf, directory)):
+    for line in render_stack(stack, _leaf_detail):
         out.write(f"  {line}\n")
 
 
-def _leaf_detail(leaf: object, directory: Path) -> str:
-    return str(directory) if type(leaf).__name__ == "FileStoreConnector" else ""
+def _leaf_detail(leaf: object) -> str:
+    if isinstance(leaf, FileStoreConnector):
+        return str(leaf.root)
+    if isinstance(leaf, CPUOffloadConnector):
+        return f"{leaf.pool.capacity} blocks"
+    return ""
 
 
 def _print_summary(out: TextIO, engine: Engine, runs: list[RunSummary]) -> None:
@@ -200,9 +211,9 @@ def _print_summary(out: TextIO, engine: Engine, runs: list[RunSummary]) -> None:
             [f"{r.stats.groups[group.index].local_hit_tokens:,} + {r.stats.groups[group.index].loaded_tokens:,}" for r in runs],
         ))
     rows += [
-        ("bytes saved", [_bytes(r.stats.saved_bytes) for r in runs]),
+        ("bytes saved", [_bytes(_saved(r.stats)) for r in runs]),
         ("bytes loaded", [_bytes(r.stats.loaded_bytes) for r in runs]),
-        ("copy throughput", [_rate(r.stats.saved_bytes + r.stats.loaded_bytes, r.stats.transfer_seconds) for r in runs]),
+        ("copy throughput", [_rate((_saved(r.stats) or 0) + r.stats.loaded_bytes, r.stats.transfer_seconds) for r in runs]),
         ("wall time", [f"{r.wall_seconds:.2f} s" for r in runs]),
     ]
     label_width = max(len(label) for label, _ in rows)
@@ -213,7 +224,14 @@ def _print_summary(out: TextIO, engine: Engine, runs: list[RunSummary]) -> None:
     out.write("  (prefix-hit tokens: local prefix cache + loaded through the stack)\n")
 
 
-def _bytes(count: int) -> str:
+def _saved(stats: EngineStats) -> int | None:
+    """Bytes the stack reports saving (its connectors' ``saved_bytes`` statistics); the engine cannot see saves."""
+    return stats.connector_total("saved_bytes")
+
+
+def _bytes(count: int | None) -> str:
+    if count is None:
+        return "n/a"
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if count >= size:
             return f"{count / size:.1f} {unit}"

@@ -2,15 +2,16 @@
 
 A real model's KV depends on every earlier token; this one does too, through the
 prefix hash of each position (see :mod:`capkv.engine.request`). Element ``e`` of
-layer ``l``'s KV at position ``p`` is::
+layer ``l``'s KV at position ``p`` is the byte::
 
-    ((prefix_hash(p) + offset[l][e]) mod 256) - 128
+    (prefix_hash(p) + offset[l][e]) mod 256,   read as a signed integer (-128..127)
 
-with ``offset[l]`` a fixed pseudo-random pattern per layer. Small integers are
-exact in every float dtype, so a recomputation reproduces the cached bits; a
-different prefix, position or layer shifts every element of the position at
-once, so a block loaded for the wrong request, layer or offset cannot pass the
-bit-exact check (the chance that all of a 16-token block collides is 2**-128).
+with ``offset[l]`` a fixed pseudo-random byte pattern per layer, converted to the
+model's dtype. Small integers are exact in every float dtype, so a recomputation
+reproduces the cached bits; a different prefix, position or layer shifts every
+element of the position at once, so a block loaded for the wrong request, layer
+or offset cannot pass the bit-exact check (the chance that all of a 16-token
+block collides is 2**-128).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from capkv.engine.model import ModelShape
 
 __all__ = ["KVFunction"]
 
-_SEED_BITS = 24
 
 
 class KVFunction:
@@ -34,19 +34,18 @@ class KVFunction:
         generator = torch.Generator().manual_seed(0x5EED)
         per_layer = (2, shape.num_kv_heads, shape.head_dim)
         self._offsets = {
-            name: torch.randint(0, 1 << _SEED_BITS, per_layer, generator=generator, dtype=torch.int32).to(self.device)
+            name: torch.randint(0, 256, per_layer, generator=generator, dtype=torch.uint8).unsqueeze(1).to(self.device)
             for name in shape.layer_names
         }
 
     def seeds(self, prefix_hashes: list[int]) -> torch.Tensor:
-        """Per-position seeds from prefix hashes, on the model's device (shape ``[P]``)."""
-        mask = (1 << _SEED_BITS) - 1
-        return torch.tensor([h & mask for h in prefix_hashes], dtype=torch.int32, device=self.device)
+        """Per-position seed bytes from prefix hashes, on the model's device (shape ``[P]``)."""
+        return torch.tensor([h & 255 for h in prefix_hashes], dtype=torch.uint8, device=self.device)
 
     def kv(self, layer_name: str, seeds: torch.Tensor) -> torch.Tensor:
         """The layer's keys and values at the seeded positions: shape ``[2, P, num_kv_heads, head_dim]``."""
-        mixed = (seeds.view(1, -1, 1, 1) + self._offsets[layer_name].unsqueeze(1)) & 255
-        return (mixed - 128).to(self.shape.dtype)
+        mixed = seeds.view(1, -1, 1, 1) + self._offsets[layer_name]  # uint8: wraps mod 256
+        return mixed.view(torch.int8).to(self.shape.dtype)
 
     def sample(self, prefix_hash: int) -> int:
         """The next token after a prefix: a pure function of it, like greedy decoding."""

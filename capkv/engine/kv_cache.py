@@ -26,8 +26,9 @@ class Slots:
     positions: list[int]
     block_indices: list[int]
     """Index of each position's block in the table."""
-    block_ids: torch.Tensor
-    offsets: torch.Tensor
+    block_ids: list[int]
+    slots: torch.Tensor
+    """``block_id * block_size + offset`` of each position, on the device."""
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -37,8 +38,8 @@ class Slots:
         return Slots(
             [p for part in parts for p in part.positions],
             [i for part in parts for i in part.block_indices],
-            torch.cat([part.block_ids for part in parts]),
-            torch.cat([part.offsets for part in parts]),
+            [b for part in parts for b in part.block_ids],
+            torch.cat([part.slots for part in parts]),
         )
 
 
@@ -70,17 +71,19 @@ class PagedKVCache:
         size = group.block_size
         kept = [p for p in positions if not (skip_null and table[p // size] == self.null_block_id)]
         indices = [p // size for p in kept]
-        return Slots(
-            kept,
-            indices,
-            torch.tensor([table[i] for i in indices], dtype=torch.int64, device=self.device),
-            torch.tensor([p % size for p in kept], dtype=torch.int64, device=self.device),
-        )
+        blocks = [table[i] for i in indices]
+        slots = [b * size + p % size for b, p in zip(blocks, kept, strict=True)]
+        return Slots(kept, indices, blocks, torch.tensor(slots, dtype=torch.int64, device=self.device))
 
     def write(self, layer: str, slots: Slots, kv: torch.Tensor) -> None:
         """Store ``kv`` (``[2, P, heads, head_dim]``) at the slots."""
-        self.tensors[layer][:, slots.block_ids, slots.offsets] = kv
+        self._by_slot(layer).index_copy_(1, slots.slots, kv)
 
     def read(self, layer: str, slots: Slots) -> torch.Tensor:
         """The KV at the slots, ``[2, P, heads, head_dim]``."""
-        return self.tensors[layer][:, slots.block_ids, slots.offsets]
+        return self._by_slot(layer).index_select(1, slots.slots)
+
+    def _by_slot(self, layer: str) -> torch.Tensor:
+        """The layer's tensor with blocks and in-block offsets merged into one slot dimension."""
+        tensor = self.tensors[layer]
+        return tensor.view(tensor.shape[0], -1, *tensor.shape[3:])  # a view: writes land in the cache

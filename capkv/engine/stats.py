@@ -9,9 +9,10 @@ as reported, for callers that know their shape.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 __all__ = ["EngineStats", "GroupStats"]
 
@@ -47,8 +48,6 @@ class EngineStats:
     """Prompt tokens covered by local prefix-cache hits (all groups agree on the length)."""
     external_hit_tokens: int = 0
     """Prompt tokens connectors offered to load (``num_external_tokens``)."""
-    saved_bytes: int = 0
-    """Bytes connectors report having saved (from their statistics)."""
     load_error_blocks: int = 0
     kv_events: int = 0
     transfer_seconds: float = 0.0
@@ -67,6 +66,17 @@ class EngineStats:
     def loaded_bytes(self) -> int:
         return sum(g.loaded_bytes for g in self.groups)
 
+    def connector_total(self, counter: str) -> int | None:
+        """``counter`` summed over the connectors' statistics of every step (``None``: nobody reports it).
+
+        The contract says ``get_kv_connector_stats`` covers the time since the
+        last call, so per-step answers add up. A counter is read from a mapping
+        key or an attribute; mappings of per-child statistics (a stack's) are
+        walked, and their children's counters summed.
+        """
+        found = [n for stats in self.connector_stats if (n := _counter(stats, counter)) is not None]
+        return sum(found) if found else None
+
     @contextmanager
     def transferring(self) -> Generator[None]:
         """Count the time spent in the block as time in transfers."""
@@ -84,3 +94,15 @@ class EngineStats:
         """Zero every counter (between a cold and a warm run)."""
         fresh = EngineStats(self.num_groups)
         self.__dict__.update(fresh.__dict__)
+
+
+def _counter(stats: object, name: str) -> int | None:
+    if isinstance(stats, Mapping):
+        entries = cast("Mapping[object, object]", stats)
+        value = entries.get(name)
+        if isinstance(value, int):
+            return value
+        found = [n for child in entries.values() if (n := _counter(child, name)) is not None]
+        return sum(found) if found else None
+    value = getattr(stats, name, None)
+    return value if isinstance(value, int) else None

@@ -63,8 +63,10 @@ class Verifier:
         positions = slots.positions
         seeds = self.kv_function.seeds([request.prefix_hash(p) for p in positions])
         expected = self.kv_function.kv(layer, seeds)
-        got = self.cache.read(layer, slots)
-        bad = (_bits(got) != _bits(expected)).flatten(2).any(dim=2).any(dim=0)
+        got, expected = _bits(self.cache.read(layer, slots)), _bits(expected)
+        if torch.equal(got, expected):
+            return []
+        bad = (got != expected).flatten(2).any(dim=2).any(dim=0)
         found: dict[int, Mismatch] = {}
         for found_at in torch.nonzero(bad).flatten():
             index = int(found_at)
@@ -74,7 +76,7 @@ class Verifier:
                     request_id=request.request_id,
                     group=group.index,
                     layer=layer,
-                    block_id=int(slots.block_ids[index]),
+                    block_id=slots.block_ids[index],
                     block_index=block_index,
                     position=positions[index],
                     when=when,

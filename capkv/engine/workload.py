@@ -23,7 +23,7 @@ class Workload:
     num_requests: int = 32
     num_prefixes: int = 4
     prefix_len: int = 384
-    suffix_len: int = 64
+    suffix_len: int = 65
     max_tokens: int = 8
     vocab_size: int = 32_000
     seed: int = 0

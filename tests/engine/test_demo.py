@@ -9,10 +9,9 @@ import pytest
 
 from capkv.cli import demo
 from capkv.cli.main import main
-from capkv.contracts.spec import KVSpec
 from tests.engine.connectors import OffByOne
 
-SMALL = ["--requests", "6", "--prefixes", "2", "--prefix-len", "64", "--suffix-len", "16", "--max-tokens", "3",
+SMALL = ["--requests", "6", "--prefixes", "2", "--prefix-len", "64", "--suffix-len", "17", "--max-tokens", "3",
          "--window", "32", "--kv-heads", "1", "--head-dim", "8", "--num-blocks", "512"]
 
 
@@ -31,7 +30,7 @@ def test_default_stack_round_trips_bit_exact(capsys: pytest.CaptureFixture[str])
     assert cold_loaded == "0 B" and warm_loaded != "0 B"
     # The warm run gets every prompt back through the stack (all but the last block-aligned token).
     full_hits = re.search(r"prefix-hit tokens, group 0 \(full\) +(\S+ \+ \S+) +(\S+ \+ \S+)", out)
-    assert full_hits is not None and full_hits.group(2) == "0 + 384"
+    assert full_hits is not None and full_hits.group(2) == "0 + 480"
     assert out.rstrip().endswith(
         "verified: bit-exact (every loaded block, and every request's KV at finish, against recomputation)"
     )
@@ -41,18 +40,18 @@ def test_a_single_group_connector_is_refused_before_serving(capsys: pytest.Captu
     assert main(["demo", *SMALL, "--stack", "cpu,[file,single]"]) == 2
     captured = capsys.readouterr()
     assert re.search(r"└─ #2 MultiConnector +HMA: no", captured.out)
-    assert re.search(r"└─ #2 SingleGroupConnector +HMA: no", captured.out)
+    assert re.search(r"└─ #2 SingleGroupOffloadConnector +HMA: no", captured.out)
     assert "serving" not in captured.out
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
     assert captured.err.startswith("capkv demo: refused before serving: CapabilityError:")
-    assert 'sub-connector #2.2 "SingleGroupConnector" does not implement SupportsHMA' in captured.err
+    assert 'sub-connector #2.2 "SingleGroupOffloadConnector" does not implement SupportsHMA' in captured.err
 
 
 def test_a_corrupting_connector_fails_verification(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def off_by_one(spec: KVSpec, directory: Path) -> OffByOne:
-        return OffByOne(spec)
+    def off_by_one(settings: demo.StackSettings) -> OffByOne:
+        return OffByOne(settings.spec)
 
     monkeypatch.setitem(demo.CONNECTORS, "offbyone", off_by_one)
     assert main(["demo", *SMALL, "--stack", "offbyone"]) == 1
