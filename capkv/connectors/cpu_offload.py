@@ -37,6 +37,14 @@ class HostPoolWorker(StoreWorker):
     def _attached(self, copier: BlockCopier) -> None:
         largest = max(copier.block_nbytes(g) for g in range(self._spec.num_groups))
         slot_nbytes = -(-largest // _SLOT_ALIGNMENT) * _SLOT_ALIGNMENT
+        if self._pool is not None:  # registered again: the stored blocks must survive
+            if self._pool.shape[1] != slot_nbytes:
+                raise ConfigError(
+                    f"{self._owner}.register_kv_caches: the new KV cache has {slot_nbytes}-byte slots, the "
+                    f"pool was built for {self._pool.shape[1]}; its stored blocks would be lost",
+                    connector=self._owner, method="register_kv_caches", value=slot_nbytes,
+                )
+            return
         self._pool = copier.host_rows(self._capacity, slot_nbytes)
 
     def _rows(self, copier: BlockCopier, group: int, first_slot: int, count: int) -> torch.Tensor:

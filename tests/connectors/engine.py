@@ -89,6 +89,8 @@ class MiniEngine:
             size = described.block_size or 1
             for position in range(start, end):
                 block_id = blocks[group][position // size]
+                if block_id == self.spec.null_block_id and described.sliding_window is not None:
+                    continue  # recomputing behind the window: the engine keeps nothing there
                 if block_id == self.spec.null_block_id:
                     raise AssertionError(f"computing position {position} of group {group} into the null block")
                 for layer in described.layer_names:
@@ -189,6 +191,7 @@ class MiniEngine:
         blocks = self._allocate(len(prompt), offered)
         self.connector.update_state_after_alloc(request, blocks, offered)
         run = Run(request, offered)
+        restart = [offered]  # like vLLM, recompute from the first block that failed to load
 
         def check_loaded(errors: dict[int, set[int]]) -> None:
             run.load_errors = errors
@@ -196,14 +199,17 @@ class MiniEngine:
                 size = described.block_size or 1
                 for index in range(offered // size):
                     block_id = blocks[group][index]
-                    if block_id == self.spec.null_block_id or block_id in errors.get(group, set()):
+                    if block_id == self.spec.null_block_id:
+                        continue
+                    if block_id in errors.get(group, set()):
+                        restart[0] = min(restart[0], index * size)
                         continue
                     wrong = self.wrong_positions(request, group, index, block_id)
                     if wrong:
                         raise AssertionError(f"group {group} block {index} (id {block_id}) has wrong KV at positions {wrong}")
                     run.loaded.setdefault(group, []).append(block_id)
 
-        self.step(check_loaded, lambda: self.compute(request, blocks, offered, len(prompt)))
+        self.step(check_loaded, lambda: self.compute(request, blocks, restart[0], len(prompt)))
         request.num_computed_tokens = len(prompt)
         request.all_token_ids.append(len(prompt) % 97)  # the sampled token: its KV is never computed
         self._drop_outside_window(blocks, request.num_computed_tokens)
