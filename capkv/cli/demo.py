@@ -20,11 +20,11 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
-from capkv.cli.progress import Progress
+from capkv.cli.progress import Progress, TextStream
 from capkv.cli.stack_spec import build_stack, parse_stack, render_stack
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupOffloadConnector
 from capkv.contracts.connector import KVConnector
@@ -137,7 +137,7 @@ class RunSummary:
     stats: EngineStats
 
 
-def _serve(out: TextIO, engine: Engine, workload: Workload) -> int:
+def _serve(out: TextStream, engine: Engine, workload: Workload) -> int:
     runs: list[RunSummary] = []
     out.write("serving\n")
     try:
@@ -169,7 +169,7 @@ def _serve(out: TextIO, engine: Engine, workload: Workload) -> int:
 # ---- presentation -------------------------------------------------------------------------
 
 
-def _print_setup(out: TextIO, shape: ModelShape, workload: Workload, stack: object) -> None:
+def _print_setup(out: TextStream, shape: ModelShape, workload: Workload, stack: object) -> None:
     dtype = str(shape.dtype).removeprefix("torch.")
     out.write(
         f"model     {shape.num_layers} layers, pattern {shape.pattern}, {shape.num_kv_heads} KV heads x "
@@ -196,7 +196,7 @@ def _leaf_detail(leaf: object) -> str:
     return ""
 
 
-def _print_summary(out: TextIO, engine: Engine, runs: list[RunSummary]) -> None:
+def _print_summary(out: TextStream, engine: Engine, runs: list[RunSummary]) -> None:
     if not runs:
         return
     rows: list[tuple[str, list[str]]] = [

@@ -7,9 +7,18 @@ line is printed at each quarter, so logs stay short and ordered.
 from __future__ import annotations
 
 import time
-from typing import TextIO
+from typing import Protocol, runtime_checkable
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "TextStream"]
+
+
+@runtime_checkable
+class TextStream(Protocol):
+    """Where the demo writes: ``sys.stdout``, or anything that writes text like it."""
+
+    def write(self, text: str, /) -> int: ...
+    def flush(self) -> None: ...
+    def isatty(self) -> bool: ...
 
 _WIDTH = 24
 
@@ -17,7 +26,7 @@ _WIDTH = 24
 class Progress:
     """``label [#####-----] done/total unit``, updated as work completes."""
 
-    def __init__(self, label: str, total: int, stream: TextIO, *, unit: str = "requests") -> None:
+    def __init__(self, label: str, total: int, stream: TextStream, *, unit: str = "requests") -> None:
         self.label = label
         self.total = total
         self.stream = stream

@@ -9,7 +9,8 @@ nothing about which connectors exist.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeAlias
+from dataclasses import dataclass
+from typing import Any
 
 from capkv.capabilities.hma import StackNode, describe, supports_hma
 from capkv.composite.multi import MultiConnector
@@ -18,8 +19,14 @@ from capkv.errors import ConfigError
 
 __all__ = ["StackTree", "build_stack", "parse_stack", "render_stack"]
 
-StackTree: TypeAlias = "str | list[StackTree]"
-"""A connector name, or a stack of trees."""
+
+
+@dataclass(frozen=True)
+class StackTree:
+    """A connector ``name``, or a stack of ``items`` (first loads first)."""
+
+    name: str = ""
+    items: tuple[StackTree, ...] = ()
 
 Factory = Callable[[], KVConnector[Any]]
 
@@ -27,10 +34,10 @@ Factory = Callable[[], KVConnector[Any]]
 def parse_stack(text: str) -> StackTree:
     """Parse ``text`` into a tree; :class:`~capkv.ConfigError` names the position of a syntax error."""
     tokens = _tokens(text)
-    tree, end = _parse_list(tokens, 0, text)
+    items, end = _parse_list(tokens, 0, text)
     if end != len(tokens):
         raise _syntax(text, tokens[end][1], f"unexpected {tokens[end][0]!r}")
-    return tree[0] if len(tree) == 1 else tree
+    return items[0] if len(items) == 1 else StackTree(items=tuple(items))
 
 
 def _tokens(text: str) -> list[tuple[str, int]]:
@@ -63,12 +70,12 @@ def _parse_list(tokens: list[tuple[str, int]], at: int, text: str) -> tuple[list
             inner, at = _parse_list(tokens, at + 1, text)
             if at == len(tokens) or tokens[at][0] != "]":
                 raise _syntax(text, len(text) if at == len(tokens) else tokens[at][1], "']' is missing")
-            items.append(inner)
+            items.append(StackTree(items=tuple(inner)))
             at += 1
         elif token in ",]":
             raise _syntax(text, position, "a connector name or '[' is missing")
         else:
-            items.append(token)
+            items.append(StackTree(name=token))
             at += 1
         if at == len(tokens) or tokens[at][0] != ",":
             return items, at
@@ -83,16 +90,15 @@ def _syntax(text: str, position: int, why: str) -> ConfigError:
 
 def build_stack(tree: StackTree, factories: Mapping[str, Factory]) -> KVConnector[Any]:
     """The connector a tree describes, each name made by its factory."""
-    if isinstance(tree, str):
-        factory = factories.get(tree)
+    if not tree.items:
+        factory = factories.get(tree.name)
         if factory is None:
             raise ConfigError(
-                f"--stack: unknown connector {tree!r} (known: {', '.join(sorted(factories))})",
-                method="build_stack", value=tree,
+                f"--stack: unknown connector {tree.name!r} (known: {', '.join(sorted(factories))})",
+                method="build_stack", value=tree.name,
             )
         return factory()
-    children = [build_stack(child, factories) for child in tree]
-    return MultiConnector(*children)
+    return MultiConnector(*(build_stack(child, factories) for child in tree.items))
 
 
 def render_stack(connector: object, describe_leaf: Callable[[object], str] = lambda _: "") -> list[str]:
