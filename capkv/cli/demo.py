@@ -96,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
             out.write("\n")
             return _fail(error, "refused before serving")
         out.write(f"check_stack: ok, the stack serves all {len(shape.groups)} KV-cache groups\n\n")
-        return _serve(out, engine, workload)
+        try:
+            return _serve(out, engine, workload)
+        except (CapkvError, OSError) as error:
+            out.write("\n")
+            return _fail(error, "stopped while serving")
 
 
 @dataclass(frozen=True)
@@ -155,9 +159,6 @@ def _serve(out: TextStream, engine: Engine, workload: Workload) -> int:
         _print_summary(out, engine, runs)
         out.write(f"verified: MISMATCH: {error.mismatch.describe()}\n")
         return 1
-    except CapkvError as error:
-        out.write("\n")
-        return _fail(error, "stopped while serving")
     finally:
         engine.shutdown()
     out.write("\n")
@@ -267,8 +268,7 @@ def _workload(args: argparse.Namespace) -> Workload:
 @contextmanager
 def _store_directory(given: Path | None) -> Generator[Path]:
     if given is not None:
-        given.mkdir(parents=True, exist_ok=True)
-        yield given
+        yield given  # the file store creates it, or says why it cannot
         return
     directory = Path(tempfile.mkdtemp(prefix="capkv-demo-"))
     try:
@@ -277,7 +277,7 @@ def _store_directory(given: Path | None) -> Generator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _fail(error: CapkvError, context: str = "error") -> int:
+def _fail(error: CapkvError | OSError, context: str = "error") -> int:
     sys.stdout.flush()
     print(f"capkv demo: {context}: {type(error).__name__}: {error}", file=sys.stderr)
     return 2

@@ -35,7 +35,7 @@ Progress = Callable[[int, int], None]
 """Called after each step with (requests finished, requests added)."""
 
 
-def instrument(connector: KVConnector[Request], spec: KVSpec) -> KVConnector[Request]:
+def wrap_for_dev_mode(connector: KVConnector[Request], spec: KVSpec) -> KVConnector[Request]:
     """THE dev-mode call site: wrap the stack in capkv's dev-mode contracts, once, at start-up.
 
     TODO(devmode): ``capkv.instrument(connector, spec)`` (branch ``devmode``) has
@@ -69,7 +69,7 @@ class Engine:
                 method="get_required_kvcache_layout",
                 value=layout,
             )
-        connector = instrument(connector, spec)
+        connector = wrap_for_dev_mode(connector, spec)
         self.shape = shape
         self.spec = spec
         self.connector = connector

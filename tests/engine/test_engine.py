@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import capkv
+from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupOffloadConnector
 from capkv.engine import Engine, ModelShape, Request, VerificationError, Workload
 from tests.engine.connectors import BlockStore, FailingLoads, Group0Only, OffByOne, SingleGroup
 
@@ -18,7 +19,7 @@ SHAPE = ModelShape(
 WORKLOAD = Workload(num_requests=8, num_prefixes=2, prefix_len=70, suffix_len=20, max_tokens=4)
 
 
-def cold_then_warm(shape: ModelShape, store: BlockStore, workload: Workload = WORKLOAD, **engine: Any) -> Engine:
+def cold_then_warm(shape: ModelShape, store: Any, workload: Workload = WORKLOAD, **engine: Any) -> Engine:
     """Serve the workload, forget the local cache (poisoning the paged KV), serve it again."""
     e = Engine(shape, store, **engine)
     e.run(workload.requests("cold"))
@@ -258,3 +259,27 @@ def test_a_pool_with_room_for_one_request_serves_them_one_at_a_time() -> None:
     engine = cold_then_warm(shape, store)
     assert engine.stats.requests_finished == WORKLOAD.num_requests
     assert engine.stats.external_hit_tokens > 0
+
+
+TWO_GROUPS = ModelShape(num_layers=4, pattern="FS", sliding_window=40, num_kv_heads=2, head_dim=8, block_size=16, num_blocks=512)
+PROMPTS = Workload(num_requests=6, num_prefixes=2, prefix_len=64, suffix_len=17, max_tokens=3)
+
+
+def test_the_reference_stack_round_trips_bit_exact(tmp_path: Any) -> None:
+    spec = TWO_GROUPS.kv_spec()
+    stack = capkv.MultiConnector(
+        CPUOffloadConnector(spec, capacity_blocks=256), FileStoreConnector(spec, root=tmp_path)
+    )
+    engine = cold_then_warm(TWO_GROUPS, stack, PROMPTS)
+    assert engine.stats.external_hit_tokens == PROMPTS.num_requests * 80
+    assert engine.stats.groups[1].loaded_tokens == PROMPTS.num_requests * 48  # the window's 3 blocks before 80
+
+
+def test_a_single_group_reference_connector_is_refused_on_two_groups() -> None:
+    spec = TWO_GROUPS.kv_spec()
+    offload = CPUOffloadConnector(spec, capacity_blocks=16)
+    stack = capkv.MultiConnector(offload, SingleGroupOffloadConnector(spec, capacity_blocks=16))
+    with pytest.raises(capkv.CapabilityError, match="cannot serve 2 KV-cache groups") as caught:
+        Engine(TWO_GROUPS, stack)
+    assert caught.value.method == "check_stack"
+    assert caught.value.connector == "#2 SingleGroupOffloadConnector"
