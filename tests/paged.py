@@ -64,7 +64,7 @@ def make_spec(
     )
 
 
-def empty_caches(spec: KVSpec, layout: str = "flash") -> dict[str, torch.Tensor]:
+def empty_caches(spec: KVSpec, layout: str = "flash", device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Zeroed per-layer tensors with ``layout``'s memory order."""
     caches: dict[str, torch.Tensor] = {}
     dtype = spec.dtype or torch.float16
@@ -75,9 +75,9 @@ def empty_caches(spec: KVSpec, layout: str = "flash") -> dict[str, torch.Tensor]
         for name in group.layer_names:
             if layout == "hnd":
                 two, n, block, heads, dim = shape
-                caches[name] = torch.zeros((two, n, heads, block, dim), dtype=dtype).permute(0, 1, 3, 2, 4)
+                caches[name] = torch.zeros((two, n, heads, block, dim), dtype=dtype, device=device).permute(0, 1, 3, 2, 4)
             else:
-                caches[name] = torch.zeros(shape, dtype=dtype)
+                caches[name] = torch.zeros(shape, dtype=dtype, device=device)
     return caches
 
 
@@ -85,7 +85,7 @@ def randomize(caches: dict[str, torch.Tensor], seed: int) -> None:
     """Fill every tensor with random bytes (NaN and infinity patterns included)."""
     generator = torch.Generator().manual_seed(seed)
     for tensor in caches.values():
-        memory = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+        memory = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
         memory.copy_(torch.randint(0, 256, memory.shape, dtype=torch.uint8, generator=generator))
 
 

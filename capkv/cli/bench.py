@@ -8,6 +8,7 @@ the physical limit — and prints the ratio for 16-, 32- and 128-token blocks.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -45,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
         f"{args.head_dim} dims, {args.dtype}, {args.mib} MiB per call, random block ids, "
         f"median of {args.rounds} rounds, {torch.get_num_threads()} CPU threads"
     )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > 0.5 * (os.cpu_count() or 1):
+        print(f"note: load average {load:.1f} on {os.cpu_count()} CPUs; other processes skew these figures")
     direction = ("device->host", "host->device") if device.type == "cuda" else ("host", "host")
     print(f"{'block':>6} {'blocks':>7} {'contiguous':>12} {'gather':>11} {'ratio':>6}  "
           f"{'contiguous':>12} {'scatter':>11} {'ratio':>6}")

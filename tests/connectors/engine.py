@@ -50,11 +50,13 @@ class Run:
 
 
 class MiniEngine:
-    def __init__(self, spec: KVSpec, connector: Any, *, layout: str = "flash", seed: int = 0) -> None:
+    def __init__(
+        self, spec: KVSpec, connector: Any, *, layout: str = "flash", seed: int = 0, device: str = "cpu"
+    ) -> None:
         self.spec = spec
         self.connector = connector
         self.layout = layout
-        self.caches = empty_caches(spec, layout)
+        self.caches = empty_caches(spec, layout, device)
         dtype = spec.dtype or torch.float16
         self._ints = {name: t.view(_INT_OF_SIZE[dtype.itemsize]) for name, t in self.caches.items()}
         self._rng = random.Random(seed)
@@ -106,7 +108,7 @@ class MiniEngine:
         for offset in range(size):
             position = block_index * size + offset
             for layer in described.layer_names:
-                if not torch.equal(self._block(layer, block_id)[:, offset], self.token_kv(layer, request.all_token_ids, position)):
+                if not torch.equal(self._block(layer, block_id)[:, offset].cpu(), self.token_kv(layer, request.all_token_ids, position)):
                     wrong.append(position)
                     break
         return wrong
@@ -152,7 +154,7 @@ class MiniEngine:
             for layer in self.spec.groups[group].layer_names:
                 for block_id in block_ids:
                     target = self._block(layer, block_id)
-                    target.copy_(torch.randint(-100, 100, target.shape, dtype=target.dtype, generator=generator))
+                    target.copy_(torch.randint(-100, 100, target.shape, dtype=target.dtype, generator=generator).to(target.device))
 
     # ---- the protocol ----------------------------------------------------------------
 
