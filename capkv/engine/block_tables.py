@@ -50,6 +50,7 @@ class BlockTables:
         self._alignment = math.lcm(*(g.block_size for g in groups))
         self._tables: dict[str, tuple[list[int], ...]] = {}
         self._num_cached: dict[str, list[int]] = {}
+        self._fresh: dict[int, list[int]] = {}
 
     # ---- lookup ----------------------------------------------------------------
 
@@ -150,7 +151,14 @@ class BlockTables:
         if len(table) < skipped:
             table.extend([self.pool.null_block_id] * (min(skipped, target) - len(table)))
         if len(table) < target:
-            table.extend(self.pool.allocate(target - len(table)))
+            fresh = self.pool.allocate(target - len(table))
+            table.extend(fresh)
+            self._fresh.setdefault(group.index, []).extend(fresh)
+
+    def take_fresh_blocks(self) -> dict[int, list[int]]:
+        """Blocks handed out since the last call, per group (the worker poisons them before use)."""
+        fresh, self._fresh = self._fresh, {}
+        return fresh
 
     def remove_skipped(self, request: Request) -> None:
         """Free sliding-window blocks no position from ``num_computed_tokens`` on attends to."""

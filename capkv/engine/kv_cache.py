@@ -59,12 +59,27 @@ class PagedKVCache:
         self.poison()
 
     def poison(self) -> None:
-        """Fill every block with a value the model never produces (NaN, or the minimum integer)."""
+        """Fill every block with a value the model never produces."""
         for tensor in self.tensors.values():
-            if tensor.dtype.is_floating_point:
-                tensor.fill_(float("nan"))
-            else:
-                tensor.fill_(torch.iinfo(tensor.dtype).min)
+            tensor.fill_(self._poison_value(tensor))
+
+    def poison_blocks(self, group: GroupLayout, block_ids: list[int]) -> None:
+        """Poison some of a group's blocks, in every layer of the group.
+
+        Freshly allocated blocks are poisoned, so one that a connector claims to
+        load but never writes cannot pass for loaded with what an earlier owner left.
+        """
+        if not block_ids:
+            return
+        index = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
+        for name in group.layer_names:
+            tensor = self.tensors[name]
+            tensor.index_fill_(1, index, self._poison_value(tensor))
+
+    @staticmethod
+    def _poison_value(tensor: torch.Tensor) -> float:
+        """NaN for float dtypes, else the minimum integer."""
+        return float("nan") if tensor.dtype.is_floating_point else float(torch.iinfo(tensor.dtype).min)
 
     def slots(self, group: GroupLayout, table: list[int], positions: Iterable[int], *, skip_null: bool = False) -> Slots:
         """The slots of ``positions`` (the table must cover them); ``skip_null`` leaves out null blocks."""

@@ -46,6 +46,8 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     finished_req_ids: set[str]
     """Requests that finished since the previous step (``get_finished`` needs them)."""
+    fresh_blocks: dict[int, list[int]] = field(default_factory=lambda: dict[int, list[int]]())
+    """Blocks newly handed out, per group: poisoned before anything may write them (vLLM zeroes them)."""
     kv_connector_metadata: object = None
 
     @property

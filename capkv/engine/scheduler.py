@@ -167,7 +167,9 @@ class Scheduler:
             budget -= request.num_tokens - start
         self.waiting.extendleft(reversed(held_back))
         self._step += 1
-        output = SchedulerOutput(self._step, scheduled, self._finished_since_last_step)
+        output = SchedulerOutput(
+            self._step, scheduled, self._finished_since_last_step, self.tables.take_fresh_blocks()
+        )
         self._finished_since_last_step = set()
         output.kv_connector_metadata = self.connector.build_connector_meta(output)
         return output

@@ -51,6 +51,8 @@ class Worker:
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         connector = self.connector
+        for group in self.cache.shape.groups:
+            self.cache.poison_blocks(group, output.fresh_blocks.get(group.index, []))
         connector.bind_connector_metadata(output.kv_connector_metadata)
         with self.stats.transferring():
             connector.start_load_kv(ForwardContext(output, self.layer_names))

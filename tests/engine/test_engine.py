@@ -283,3 +283,28 @@ def test_a_single_group_reference_connector_is_refused_on_two_groups() -> None:
         Engine(TWO_GROUPS, stack)
     assert caught.value.method == "check_stack"
     assert caught.value.connector == "#2 SingleGroupOffloadConnector"
+
+
+def test_blocks_a_connector_loads_into_are_poisoned_first() -> None:
+    """A load target never holds what an earlier owner left there, so a skipped write cannot pass."""
+
+    class ChecksTargets(BlockStore):
+        stale_targets = 0
+        targets = 0
+
+        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+            for _, copies in self.connector_metadata.loads:  # type: ignore[attr-defined]
+                for copy in copies:
+                    for layer in self._layers(copy.group):
+                        self.targets += 1
+                        self.stale_targets += not bool(torch.isnan(self.caches[layer][:, copy.block_id]).all())
+            super().start_load_kv(forward_context, **kwargs)
+
+    # Room for one request at a time, so every block has held some request's KV before the warm run.
+    shape = ModelShape(num_layers=3, pattern="FS", sliding_window=48, num_kv_heads=1, head_dim=4, block_size=16, num_blocks=20)
+    store = ChecksTargets(shape.kv_spec())
+    engine = Engine(shape, store)
+    engine.run(WORKLOAD.requests("cold"))
+    engine.pool.reset_prefix_cache()  # forget the local cache, but leave its KV in place
+    engine.run(WORKLOAD.requests("warm"))
+    assert store.targets > 0 and store.stale_targets == 0
