@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from capkv.cli import demo
 from capkv.cli.main import main
-from tests.engine.connectors import OffByOne
+from capkv.engine import EngineStats
+from tests.engine.connectors import BlockStore, OffByOne
 
 SMALL = ["--requests", "6", "--prefixes", "2", "--prefix-len", "64", "--suffix-len", "17", "--max-tokens", "3",
          "--window", "32", "--kv-heads", "1", "--head-dim", "8", "--num-blocks", "512"]
@@ -91,3 +93,42 @@ def test_the_store_directory_is_kept_only_when_given(tmp_path: Path, capsys: pyt
     assert temporary is not None and not Path(temporary.group(1)).exists()
     assert main(["demo", *SMALL, "--stack", "file", "--store-dir", str(tmp_path / "store")]) == 0
     assert any((tmp_path / "store").iterdir())
+
+
+def test_bytes_saved_come_from_the_stacks_statistics(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class ReportsBytes(BlockStore):
+        """Reports, per step, the bytes its layer-by-layer saves copied since the last call."""
+
+        reported = 0
+
+        def get_kv_connector_stats(self) -> object:
+            block_bytes = 16 * 1 * 8 * 2 * 2  # tokens x heads x head_dim x (K, V) x bfloat16
+            saved = self.saved_blocks * block_bytes - self.reported
+            self.reported += saved
+            return {"saved_bytes": saved}
+
+    stores: list[ReportsBytes] = []
+    monkeypatch.setitem(demo.CONNECTORS, "bytes", lambda settings: stores.append(ReportsBytes(settings.spec)) or stores[-1])
+    assert main(["demo", *SMALL, "--stack", "bytes,bytes"]) == 0
+    out = capsys.readouterr().out
+    row = re.search(r"^  bytes saved +(\S+ \S+) +(\S+ \S+)$", out, re.MULTILINE)
+    assert row is not None, out
+    units = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+    printed = [float(n) * units[u] for n, u in (cell.split() for cell in row.groups())]
+    reported = sum(s.reported for s in stores)
+    assert reported > 0 and "bytes saved: n/a" not in out
+    assert abs(sum(printed) - reported) <= 2 * 0.05 * 1e3  # both runs' figures add up to what the stores reported
+
+
+def test_connector_totals_add_up_steps_and_stacked_children() -> None:
+    stats = EngineStats(1)
+    stats.connector_stats += [
+        {0: {"saved_bytes": 10, "loaded_blocks": 3}, 1: {"saved_bytes": 5}},
+        {0: {"saved_bytes": 1}, 1: None},
+        SimpleNamespace(saved_bytes=100),
+    ]
+    assert stats.connector_total("saved_bytes") == 116
+    assert stats.connector_total("loaded_blocks") == 3
+    assert stats.connector_total("loaded_bytes") is None
