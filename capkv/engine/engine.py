@@ -2,10 +2,11 @@
 
 Start-up follows vLLM: the stack is checked against the KV-cache groups
 (:func:`capkv.check_stack` — a non-HMA stack on a hybrid model is refused here,
-not when the first request finishes), wrapped by dev-mode contracts (a no-op
-unless dev mode is on),
-then asked for a memory pool, handed the paged tensors, and introduced to its
-peers. Each :meth:`Engine.step` is one schedule → forward → update round.
+not when the first request finishes), wrapped in dev-mode contracts (a no-op
+unless dev mode is on), asked for a memory pool, handed the paged tensors, and
+introduced to its peers. Each :meth:`Engine.step` is one schedule → forward →
+update round; :meth:`Engine.run` steps until every request finished and every
+block a connector held was released.
 """
 
 from __future__ import annotations
@@ -118,7 +119,11 @@ class Engine:
         return finished
 
     def _wait_idle(self, idle_since: float | None) -> float:
-        """Nothing was computed: give background transfers time, but not forever."""
+        """Nothing was computed: give background transfers time, but not forever.
+
+        Admission reserves every request's worst case, so running requests always
+        have room; the first check guards that promise rather than spin.
+        """
         now = time.monotonic()
         if self.scheduler.running and not self.scheduler.transfers_in_flight:
             raise ConfigError(

@@ -11,7 +11,11 @@ asynchronous saves completed, and collect events.
 
 Asynchronous loads park a request in ``WAITING_FOR_REMOTE_KVS`` until the worker
 reports it in ``finished_recving``. A request whose blocks a connector keeps
-(``delay_free``) holds them until it comes back in ``finished_sending``.
+(``delay_free``) holds them until it comes back in ``finished_sending``. Before a
+request is handed to the connector at finish, its whole KV is verified.
+
+Unlike vLLM there is no preemption and no chunked prefill: admission reserves a
+request's worst-case blocks, so whatever was admitted runs to the end.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from capkv.capabilities.serving import finish_request
 from capkv.capabilities.hma import describe
+from capkv.capabilities.serving import finish_request
 from capkv.contracts.connector import KVConnector
 from capkv.contracts.engine import KVConnectorOutput, KVTransferParams
 from capkv.engine.block_tables import BlockTables, LocalHit
