@@ -49,15 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--block-size", type=int, default=16, help="tokens per block (default: 16)")
     model.add_argument("--sliding-block-size", type=int, default=None,
                        help="tokens per block in sliding-window groups (default: --block-size)")
-    model.add_argument("--num-blocks", type=int, default=2048, help="blocks in the paged pool (default: 2048)")
+    model.add_argument("--num-blocks", type=int, default=1024, help="blocks in the paged pool (default: 1024)")
     model.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="(default: bfloat16)")
     stack = parser.add_argument_group("stack")
     stack.add_argument("--stack", default="cpu,file",
                        help="connectors, first loads first: names joined by ',' ; '[...]' nests a stack. "
                             f"Names: {', '.join(CONNECTORS)} (single: a connector for one KV-cache group). "
                             "(default: cpu,file)")
-    stack.add_argument("--cpu-blocks", type=int, default=4096,
-                       help="blocks the host pool of cpu (and single) holds (default: 4096)")
+    stack.add_argument("--cpu-blocks", type=int, default=2048,
+                       help="blocks the host pool of cpu (and single) holds (default: 2048)")
     stack.add_argument("--store-dir", type=Path, default=None,
                        help="directory of the file store (default: a temporary directory, removed afterwards)")
     work = parser.add_argument_group("workload")
