@@ -20,10 +20,11 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from capkv.capabilities.hma import StackNode
 from capkv.cli.progress import Progress, TextStream
 from capkv.cli.stack_spec import build_stack, parse_stack, render_stack
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupOffloadConnector
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail(error, "refused before serving")
         out.write(f"check_stack: ok, the stack serves all {len(shape.groups)} KV-cache groups\n\n")
         try:
-            return _serve(out, engine, workload)
+            return _serve(out, engine, workload, stack)
         except (CapkvError, OSError) as error:
             out.write("\n")
             return _fail(error, "stopped while serving")
@@ -141,12 +142,33 @@ class RunSummary:
     stats: EngineStats
 
 
-def _serve(out: TextStream, engine: Engine, workload: Workload) -> int:
+@runtime_checkable
+class Flushable(Protocol):
+    """A store that finishes writes in the background, and can wait for them (``FileStoreConnector``)."""
+
+    def flush(self) -> None: ...
+
+
+def _flush(node: object) -> None:
+    """Wait until every store in the stack holds what it was asked to save.
+
+    Between the runs only: the demo measures reuse, not how fast a disk catches up
+    (a block still being written is, rightly, not a hit).
+    """
+    if isinstance(node, StackNode):
+        for child in node.children:
+            _flush(child)
+    elif isinstance(node, Flushable):
+        node.flush()
+
+
+def _serve(out: TextStream, engine: Engine, workload: Workload, stack: object) -> int:
     runs: list[RunSummary] = []
     out.write("serving\n")
     try:
         for label in ("cold", "warm"):
             if runs:
+                _flush(stack)
                 engine.reset_prefix_cache()
             engine.stats.reset()
             progress = Progress(label, workload.num_requests, out)
