@@ -1,0 +1,160 @@
+"""Exhaustive checks of block-id lists, at C speed when the ids are valid.
+
+beartype samples one element of a list; a contract must see every id, and a
+Python loop costs ~30 ns per id. So the common case — everything valid — is
+decided by whole-list builtins (:func:`all_valid`), and only a list that fails
+is walked in Python (:func:`first_bad_id`) to say exactly what is wrong where.
+
+Exact ``int`` ids are recognised through :mod:`marshal`. Format 0 writes a list
+as ``[`` and a 4-byte length, and an ``int`` that fits in 32 bits as ``i`` and 4
+little-endian bytes: when every group is a plain list of such ints, the bytes
+after the tuple header are a grid of 5-byte records whose first bytes spell
+``[ii…[i…`` exactly. Anything else — a ``bool`` (``T``/``F``), a float, a big
+int, a string, a nested list — is either refused by :mod:`marshal` (``int``
+subclasses, numpy integers) or starts on the grid with another code, because
+every element before the first odd one is a 5-byte record. The last byte of a
+record is the sign byte, so ``isascii()`` over that column says no id is negative.
+
+What is left — the upper bound and repeats — is a ``set`` and a ``max`` per
+group, or, for many ids, a few vectorised torch operations over the same bytes.
+"""
+
+from __future__ import annotations
+
+import marshal
+import sys
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+
+__all__ = ["BadId", "all_valid", "expected_id", "first_bad_id"]
+
+VECTOR_THRESHOLD = 8192
+"""Total ids from which :func:`all_valid` hands range and repeat checks to torch."""
+
+_TUPLE = ord("(")
+_LIST = ord("[")
+_HEADER = 5
+_IDS = b"i" * 65536
+
+
+@dataclass(frozen=True, slots=True)
+class BadId:
+    """The first thing wrong in a tuple of block-id groups."""
+
+    group: int
+    position: int | None
+    """Index in the group; ``None`` when the group itself is malformed."""
+    value: object
+    problem: str
+    """What is wrong, in words."""
+    expected: str
+    """What was expected, in words."""
+
+
+def expected_id(num_blocks: int) -> str:
+    """What a block id must be, in words."""
+    return f"an int block id in [0, {num_blocks})"
+
+
+def all_valid(groups: tuple[list[int], ...], num_blocks: int, repeatable: int | None) -> bool:
+    """``True`` only if every group is a list of distinct ints in ``[0, num_blocks)``.
+
+    ``repeatable`` (the null block) may occur any number of times; ``None``: no id
+    may repeat. ``False`` means "look closer" with :func:`first_bad_id`: it may
+    also be a valid but unusual input (a list subclass, an id of 2**31 or more).
+    """
+    try:
+        codes = marshal.dumps(groups, 0)
+    except ValueError:  # an int subclass, numpy integer, list subclass...
+        return False
+    expected = b"".join([b"[" + _ids(len(group)) for group in groups])
+    if codes[0] != _TUPLE or len(codes) != _HEADER + _HEADER * len(expected) or codes[5::5] != expected:
+        return False
+    if not codes[9::5].isascii():  # a negative id (list lengths are < 2**31)
+        return False
+    total = len(expected) - len(groups)
+    if total >= VECTOR_THRESHOLD and sys.byteorder == "little":
+        return _vector_valid(codes, len(groups), num_blocks, repeatable)
+    return all(_group_valid(group, num_blocks, repeatable) for group in groups)
+
+
+def _ids(count: int) -> bytes:
+    return _IDS[:count] if count <= len(_IDS) else b"i" * count
+
+
+def _group_valid(group: list[int], num_blocks: int, repeatable: int | None) -> bool:
+    if not group:
+        return True
+    unique = set(group)
+    if max(unique) >= num_blocks:
+        return False
+    repeats = len(group) - len(unique)
+    if not repeats:
+        return True
+    return repeatable is not None and repeats == group.count(repeatable) - 1
+
+
+class _Scratch(threading.local):
+    """A per-thread buffer the repeat check scatters into, reused to avoid page faults."""
+
+    buffer: torch.Tensor | None = None
+
+    def get(self, size: int) -> torch.Tensor:
+        if self.buffer is None or self.buffer.numel() < size:
+            self.buffer = torch.empty(size, dtype=torch.int32)
+        return self.buffer
+
+
+_scratch = _Scratch()
+
+
+def _vector_valid(codes: bytes, num_groups: int, num_blocks: int, repeatable: int | None) -> bool:
+    """Range and repeats over the marshal grid (already checked) with torch.
+
+    Each record gets a key ``group * num_blocks + id``; scattering the record
+    positions into a buffer at those keys and reading them back returns every
+    position unchanged exactly when no key repeats. Group headers and the null
+    block share one throw-away slot past the real keys.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: we only read it
+        records = torch.frombuffer(codes, dtype=torch.uint8, offset=_HEADER).view(-1, _HEADER)
+    values = records[:, 1:].contiguous().view(torch.int32).view(-1).to(torch.int64)
+    is_header = records[:, 0] == _LIST
+    if int(values.masked_fill(is_header, 0).max()) >= num_blocks:
+        return False
+    skip = is_header if repeatable is None else is_header | (values == repeatable)
+    throwaway = num_groups * num_blocks
+    keys = ((is_header.cumsum(0) - 1) * num_blocks + values).masked_fill_(skip, throwaway)
+    positions = torch.arange(keys.numel(), dtype=torch.int32)
+    buffer = _scratch.get(throwaway + 1)
+    buffer.scatter_(0, keys, positions)
+    return bool(((buffer.index_select(0, keys) == positions) | skip).all())
+
+
+def first_bad_id(groups: Sequence[object], num_blocks: int, repeatable: int | None) -> BadId | None:
+    """The first malformed group or bad id, group by group, position by position (rules as :func:`all_valid`)."""
+    for index, group in enumerate(groups):
+        if not isinstance(group, list):
+            return BadId(index, None, group, f"is a {type(group).__name__}", "a list of block ids")
+        first_at: dict[int, int] = {}
+        for position, block in enumerate(cast("list[object]", group)):
+            if type(block) is not int:
+                return BadId(index, position, block, f"is a {type(block).__name__}", expected_id(num_blocks))
+            if not 0 <= block < num_blocks:
+                return BadId(index, position, block, "is outside the pool", expected_id(num_blocks))
+            if block == repeatable:
+                continue
+            first = first_at.setdefault(block, position)
+            if first != position:
+                return BadId(
+                    index, position, block, f"repeats the id at position {first}",
+                    "each real block id at most once per group"
+                    + ("" if repeatable is None else f" (only the null block {repeatable} may repeat)"),
+                )
+    return None
