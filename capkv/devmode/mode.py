@@ -65,8 +65,8 @@ def set_dev_mode(on: bool | None) -> None:
 
 
 @contextmanager
-def dev_mode(on: bool = True) -> Generator[bool]:
-    """Override the switch inside a ``with`` block; yields whether dev mode is in effect."""
+def dev_mode(on: bool | None = True) -> Generator[bool]:
+    """Override the switch inside a ``with`` block (``None``: the environment); yields whether dev mode is in effect."""
     global _override
     saved = _override
     _override = on

@@ -124,7 +124,7 @@ def _vector_valid(codes: bytes, num_groups: int, num_blocks: int, repeatable: in
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: we only read it
         records = torch.frombuffer(codes, dtype=torch.uint8, offset=_HEADER).view(-1, _HEADER)
-    values = records[:, 1:].contiguous().view(torch.int32).view(-1).to(torch.int64)
+    values = records[:, 1:].clone(memory_format=torch.contiguous_format).view(torch.int32).view(-1).to(torch.int64)
     is_header = records[:, 0] == _LIST
     if int(values.masked_fill(is_header, 0).max()) >= num_blocks:
         return False
