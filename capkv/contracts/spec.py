@@ -9,9 +9,10 @@ only when given, so a spec can be as coarse as the engine knows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -148,17 +149,18 @@ class KVSpec:
         )
 
     @cached_property
-    def _layer_groups(self) -> dict[str, int]:
-        return {name: i for i, group in enumerate(self.groups) for name in group.layer_names}
+    def layer_groups(self) -> Mapping[str, int]:
+        """The group of every layer the spec names, by layer name (empty when it names none)."""
+        return MappingProxyType({name: i for i, group in enumerate(self.groups) for name in group.layer_names})
 
     @property
     def layer_names(self) -> tuple[str, ...]:
         """Every layer the spec names, group by group (empty when it names none)."""
-        return tuple(self._layer_groups)
+        return tuple(self.layer_groups)
 
     def group_of_layer(self, layer_name: str) -> int | None:
         """The group holding ``layer_name``, or ``None`` when the spec does not say."""
-        return self._layer_groups.get(layer_name)
+        return self.layer_groups.get(layer_name)
 
     def kv_shape_of(self, group: int | None) -> tuple[int, ...] | None:
         """A group's KV tensor shape template; for ``None`` (group unknown), the one every group shares, if any."""

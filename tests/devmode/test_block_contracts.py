@@ -127,6 +127,7 @@ def test_fast_verdict_agrees_with_the_walk(threshold: int, data: st.DataObject) 
     repeatable = data.draw(st.sampled_from([pool.null, None]))
     exact = all(type(i) is int and -(2**31) <= i < 2**31 for g in groups for i in g)  # what the fast path reads
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scan, "WALK_BELOW", 0)
         patch.setattr(scan, "VECTOR_THRESHOLD", threshold)
         verdict = scan.all_valid(groups, pool.num_blocks, repeatable)  # type: ignore[arg-type]
     walk = scan.first_bad_id(groups, pool.num_blocks, repeatable)
@@ -140,7 +141,7 @@ def test_fast_verdict_defers_unusual_valid_input_to_the_walk() -> None:
     class Ids(list[int]):
         pass
 
-    groups = (Ids([1, 2]), [2**40])
+    groups = (Ids(range(1, scan.WALK_BELOW)), [2**40])
     assert not scan.all_valid(groups, 2**41, 0)
     assert scan.first_bad_id(groups, 2**41, 0) is None
     checked = instrument(HMA(), KVSpec(num_groups=2, num_blocks=2**41))
