@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import reprlib
 
+import torch
+
 from capkv.errors import ContractError
 
 __all__ = ["contract_error"]
 
-_short = reprlib.Repr()
+class _Short(reprlib.Repr):
+    """Short reprs; a tensor by its metadata, since printing values would read (and sync) the device."""
+
+    def repr1(self, x: object, level: int) -> str:
+        if isinstance(x, torch.Tensor):
+            return f"<tensor {tuple(x.shape)} {x.dtype} on {x.device}>"
+        return super().repr1(x, level)
+
+
+_short = _Short()
 _short.maxlist = _short.maxtuple = _short.maxdict = 8
 _short.maxstring = _short.maxother = 80
 
