@@ -189,7 +189,8 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
     def with_children(self, first: KVConnector, /, *rest: KVConnector) -> MultiConnector[Unpack[tuple[Any, ...]]]:
         """A fresh stack of this class over new children — e.g. these, instrumented.
 
-        Nothing of this stack's state is carried over, so do it before serving.
+        Nothing of this stack's state is carried over, so do it before serving. A
+        subclass whose constructor takes more than the children overrides this.
         """
         stack: MultiConnector[Unpack[tuple[Any, ...]]] = type(self)(first, *rest)  # mypy: Any, by overload rules
         return stack

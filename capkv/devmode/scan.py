@@ -41,7 +41,6 @@ VECTOR_THRESHOLD = 2048
 _TUPLE = ord("(")
 _LIST = ord("[")
 _HEADER = 5
-_IDS = b"i" * 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +81,7 @@ def all_valid(groups: tuple[object, ...], num_blocks: int, repeatable: int | Non
         codes = marshal.dumps(lists, 0)
     except ValueError:  # an int subclass, a numpy integer, a list subclass...
         return False
-    grid = b"[" + _ids(total) if len(sizes) == 1 else b"".join([b"[" + _ids(size) for size in sizes])
+    grid = b"[" + b"i" * total if len(sizes) == 1 else b"".join([b"[" + b"i" * size for size in sizes])
     if codes[0] != _TUPLE or len(codes) != _HEADER + _HEADER * len(grid) or codes[5::5] != grid:
         return False
     if not codes[9::5].isascii():  # a negative id (list lengths are < 2**31)
@@ -98,10 +97,6 @@ def all_valid(groups: tuple[object, ...], num_blocks: int, repeatable: int | Non
             if repeats and (repeatable is None or repeats != group.count(repeatable) - 1):
                 return False
     return True
-
-
-def _ids(count: int) -> bytes:
-    return _IDS[:count] if count <= len(_IDS) else b"i" * count
 
 
 class _Scratch(threading.local):
