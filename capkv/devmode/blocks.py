@@ -53,7 +53,7 @@ def check_block_copy(
     two lists have the same length.
     """
     src_size, src_null = _side(spec, src_blocks)
-    dst_size = spec.num_blocks if dst_blocks is None else dst_blocks
+    dst_size, _ = _side(spec, dst_blocks)  # destinations never repeat, null block or not
     src = _check_list(src_ids, src_size, src_null, group, connector, method, "src_ids")
     dst = _check_list(dst_ids, dst_size, None, group, connector, method, "dst_ids")
     _check_lengths(src, dst, group, connector, method)
@@ -71,7 +71,7 @@ def check_block_copies(
 ) -> None:
     """Every group's block copy at once: one list per KV-cache group on each side, as :func:`check_block_copy`."""
     src_size, src_null = _side(spec, src_blocks)
-    dst_size = spec.num_blocks if dst_blocks is None else dst_blocks
+    dst_size, _ = _side(spec, dst_blocks)  # destinations never repeat, null block or not
     src_groups = _check_groups(spec, src_ids, src_size, src_null, connector, method, "src_ids")
     dst_groups = _check_groups(spec, dst_ids, dst_size, None, connector, method, "dst_ids")
     for group, (src, dst) in enumerate(zip(src_groups, dst_groups, strict=True)):
