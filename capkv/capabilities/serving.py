@@ -9,7 +9,7 @@ to group 0. Both behave identically under ``python -O``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 from capkv.capabilities.hma import describe, non_hma_children, supports_hma
 from capkv.contracts.connector import KV_CONNECTOR_MEMBERS, KVConnector, RequestT
@@ -20,6 +20,7 @@ from capkv.errors import CapabilityError
 __all__ = ["KVCacheConfigLike", "check_stack", "finish_request", "num_kv_cache_groups"]
 
 
+@runtime_checkable
 class KVCacheConfigLike(Protocol):
     """Anything with a sequence of KV-cache groups — vLLM's ``KVCacheConfig`` included."""
 

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import Protocol, cast, runtime_checkable
 
 __all__ = ["SUBCOMMANDS", "main"]
 
@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+@runtime_checkable
 class _Subcommand(Protocol):
     def add_arguments(self, parser: argparse.ArgumentParser, /) -> None: ...
     def run(self, args: argparse.Namespace, /) -> int: ...
