@@ -17,6 +17,7 @@ __all__ = ["main"]
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
+    "check": ("capkv.cli.check", "check a configured connector stack (JSON/TOML) before serving"),
 }
 
 
