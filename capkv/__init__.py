@@ -13,6 +13,7 @@ from capkv.capabilities import (
     check_stack,
     finish_request,
     non_hma_children,
+    require_hma,
     supports_hma,
 )
 from capkv.composite import HMAMultiConnector, MultiConnector, MultiConnectorMetadata, MultiWorkerMetadata
@@ -70,6 +71,7 @@ __all__ = [
     "check_stack",
     "finish_request",
     "non_hma_children",
+    "require_hma",
     "supports_hma",
 ]
 
