@@ -79,9 +79,11 @@ class CapkvPlugin(Plugin):
     def get_function_signature_hook(
         self, fullname: str
     ) -> Callable[[FunctionSigContext], FunctionLike] | None:
+        """Constructing a stack: explain, before overload resolution, why it cannot be HMA here."""
         return self._explain_use if self._is_stack_class(fullname) else None
 
     def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
+        """Constructing a stack: its type from every child's type."""
         return self._stack_type if self._is_stack_class(fullname) else None
 
     def _is_stack_class(self, fullname: str) -> bool:

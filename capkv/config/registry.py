@@ -196,7 +196,7 @@ def _require_connector_class(obj: object, name: str) -> type[Any]:
     return obj
 
 
-default_registry = ConnectorRegistry()
+default_registry: ConnectorRegistry = ConnectorRegistry()
 """The registry ``capkv check`` and :func:`~capkv.config.load_stack` use unless given another."""
 
 
