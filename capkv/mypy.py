@@ -30,7 +30,7 @@ from typing import TypeGuard
 
 from mypy.errorcodes import ErrorCode
 from mypy.maptype import map_instance_to_supertype
-from mypy.nodes import ARG_POS, ARG_STAR, CallExpr, Context, TypeInfo
+from mypy.nodes import ARG_POS, ARG_STAR, CallExpr, Context, Expression, RefExpr, TypeInfo
 from mypy.options import Options
 from mypy.plugin import CheckerPluginInterface, FunctionContext, FunctionSigContext, Plugin
 from mypy.subtypes import is_subtype
@@ -72,6 +72,8 @@ class CapkvPlugin(Plugin):
         self._receivers: dict[str, frozenset[int]] = {}
         self._receiver_nodes: list[object] = []  # keeps scanned nodes alive, so their ids stay theirs
         self._verdicts: dict[int, tuple[CallExpr, Type | None, _Verdict | None]] = {}
+        self._capabilities: dict[Type, tuple[bool, bool]] = {}  # type -> (connector, HMA)
+        self._demands: dict[Type, bool] = {}  # expected type -> whether it wants an HMA stack
         self._evaluating = 0  # > 0 while typing a stack's children for a verdict
 
     # ---- hook registration ---------------------------------------------------------
@@ -108,11 +110,24 @@ class CapkvPlugin(Plugin):
         return Instance(self._info(fullname), [AnyType(TypeOfAny.special_form)])
 
     def _is_connector(self, typ: Type) -> bool:
-        return isinstance(get_proper_type(typ), AnyType) or is_subtype(typ, self._protocol(_CONNECTOR))
+        return self._capability(typ)[0]
 
     def _is_hma(self, typ: Type) -> bool:
         """The static rule: an HMAConnector. ``Any`` proves nothing, so it is not."""
-        return not isinstance(get_proper_type(typ), AnyType) and is_subtype(typ, self._protocol(_HMA_CONNECTOR))
+        return self._capability(typ)[1]
+
+    def _capability(self, typ: Type) -> tuple[bool, bool]:
+        """(is a KVConnector, is an HMAConnector), memoised: protocol checks are costly."""
+        proper = get_proper_type(typ)
+        if isinstance(proper, AnyType):
+            return True, False
+        if isinstance(proper, Instance) and proper.type.fullname in (_STACK, _HMA_STACK):
+            return True, proper.type.fullname == _HMA_STACK  # the composite's own rule
+        known = self._capabilities.get(proper)
+        if known is None:
+            hma = is_subtype(proper, self._protocol(_HMA_CONNECTOR))
+            known = self._capabilities[proper] = (hma or is_subtype(proper, self._protocol(_CONNECTOR)), hma)
+        return known
 
     def _stack(self, children: Sequence[Type], *, hma: bool) -> Instance:
         return Instance(self._info(_HMA_STACK if hma else _STACK), list(children))
@@ -222,19 +237,41 @@ class CapkvPlugin(Plugin):
         try:
             with api.msg.filter_errors():
                 children = [
-                    api.get_expression_type(arg, formals[min(index, len(formals) - 1)])
+                    self._child_type(api, arg, formals[min(index, len(formals) - 1)])
                     for index, arg in enumerate(call.args)
                 ]
         finally:
             self._evaluating -= 1
-        if not all(self._is_connector(child) for child in children):
+        if any(child is None or not self._is_connector(child) for child in children):
             return None
-        offenders = self._offenders(children)
-        if not offenders or not (receiver or self._requires_hma(context, children, api)):
+        known = [child for child in children if child is not None]
+        offenders = self._offenders(known)
+        if not offenders or not (receiver or self._requires_hma(context, known, api)):
             return None
         stack = _callee_name(call)
         what = f'"{stack}" has no {HMA_METHOD}' if receiver else f'"{stack}" is not HMA-capable'
-        return _Verdict(f"{what}: {explain_not_hma(offenders)}", self._stack(children, hma=True))
+        return _Verdict(f"{what}: {explain_not_hma(offenders)}", self._stack(known, hma=True))
+
+    def _child_type(self, api: CheckerPluginInterface, expr: Expression, formal: Type) -> Type | None:
+        """A child's type as the HMA overload item types it; nested stacks by the rule itself.
+
+        Typing a nested ``MultiConnector(...)`` through mypy would resolve its
+        overloads once more per level; the rule gives the same type directly.
+        """
+        callee = expr.callee if isinstance(expr, CallExpr) else None
+        if (
+            isinstance(expr, CallExpr)
+            and isinstance(callee, RefExpr)
+            and self._is_stack_class(callee.fullname)
+            and expr.args
+            and all(kind == ARG_POS for kind in expr.arg_kinds)
+        ):
+            children = [self._child_type(api, arg, formal) for arg in expr.args]
+            if any(child is None or not self._is_connector(child) for child in children):
+                return None
+            known = [child for child in children if child is not None]
+            return self._stack(known, hma=all(self._is_hma(child) for child in known))
+        return api.get_expression_type(expr, formal)
 
     def _requires_hma(
         self, context: Type | None, children: Sequence[Type] | None, api: CheckerPluginInterface
@@ -248,9 +285,12 @@ class CapkvPlugin(Plugin):
         if expected is None or isinstance(expected, (AnyType, TypeVarType)):
             return False
         if children is None:
-            hma, plain = self._any_arity_stack(api, hma=True), self._any_arity_stack(api, hma=False)
-        else:
-            hma, plain = self._stack(children, hma=True), self._stack(children, hma=False)
+            known = self._demands.get(expected)
+            if known is None:
+                hma, plain = self._any_arity_stack(api, hma=True), self._any_arity_stack(api, hma=False)
+                known = self._demands[expected] = is_subtype(hma, expected) and not is_subtype(plain, expected)
+            return known
+        hma, plain = self._stack(children, hma=True), self._stack(children, hma=False)
         return is_subtype(hma, expected) and not is_subtype(plain, expected)
 
     def _is_receiver(self, api: CheckerPluginInterface, call: CallExpr) -> bool:
