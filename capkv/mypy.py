@@ -24,15 +24,17 @@ variable is used mypy's own message stands (plugins cannot hook it).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
+# mypy.plugin first: it imports mypy's modules in the order their cycles need.
+from mypy.plugin import CheckerPluginInterface, FunctionContext, FunctionSigContext, Plugin  # isort: skip
 from mypy.errorcodes import ErrorCode
 from mypy.maptype import map_instance_to_supertype
-from mypy.nodes import ARG_POS, ARG_STAR, CallExpr, Context, Expression, RefExpr, TypeInfo
+from mypy.nodes import ARG_POS, ARG_STAR, CallExpr, Context, Expression, MypyFile, RefExpr, TypeInfo
 from mypy.options import Options
-from mypy.plugin import CheckerPluginInterface, FunctionContext, FunctionSigContext, Plugin
 from mypy.subtypes import is_subtype
 from mypy.traverser import NameAndMemberCollector
 from mypy.types import (
@@ -51,7 +53,10 @@ from mypy.types import (
 
 from capkv.capabilities.hma import HMA_METHOD, NonHMAChild, explain_not_hma
 
-__all__ = ["CAPKV_HMA", "CapkvPlugin", "plugin"]
+__all__ = ["CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"]
+
+SUPPORTED_MYPY: tuple[tuple[int, int], ...] = ((2, 3), (2, 4))
+"""mypy releases (major, minor) the plugin is tested with; others load, with a warning."""
 
 CAPKV_HMA = ErrorCode("capkv-hma", "A connector stack used where HMA capability is required", "capkv")
 """The error code of the plugin's explanation (``# type: ignore[capkv-hma]`` silences it)."""
@@ -68,9 +73,17 @@ class CapkvPlugin(Plugin):
 
     def __init__(self, options: Options) -> None:
         super().__init__(options)
+        self._reset()
+
+    def set_modules(self, modules: dict[str, MypyFile]) -> None:
+        """A new build (the daemon reuses plugins): forget what the last one learnt."""
+        super().set_modules(modules)
+        self._reset()
+
+    def _reset(self) -> None:
         self._stack_classes: dict[str, bool] = {}
-        self._receivers: dict[str, frozenset[int]] = {}
-        self._receiver_nodes: list[object] = []  # keeps scanned nodes alive, so their ids stay theirs
+        self._infos: dict[str, TypeInfo] = {}
+        self._receivers: dict[int, tuple[MypyFile, frozenset[int], list[CallExpr]]] = {}
         self._verdicts: dict[int, tuple[CallExpr, Type | None, _Verdict | None]] = {}
         self._capabilities: dict[Type, tuple[bool, bool]] = {}  # type -> (connector, HMA)
         self._demands: dict[Type, bool] = {}  # expected type -> whether it wants an HMA stack
@@ -98,11 +111,14 @@ class CapkvPlugin(Plugin):
         return known
 
     def _info(self, fullname: str) -> TypeInfo:
-        symbol = self.lookup_fully_qualified(fullname)
-        node = symbol.node if symbol is not None else None
-        if not isinstance(node, TypeInfo):  # capkv is imported, so this cannot happen
-            raise LookupError(f"capkv.mypy: {fullname} is not a class known to mypy")
-        return node
+        info = self._infos.get(fullname)
+        if info is None:
+            symbol = self.lookup_fully_qualified(fullname)
+            node = symbol.node if symbol is not None else None
+            if not isinstance(node, TypeInfo):  # a stack was built, so capkv is analysed
+                raise LookupError(f"capkv.mypy: {fullname} is not a class known to mypy")
+            info = self._infos[fullname] = node
+        return info
 
     # ---- the rule, on types ------------------------------------------------------------
 
@@ -296,17 +312,15 @@ class CapkvPlugin(Plugin):
     def _is_receiver(self, api: CheckerPluginInterface, call: CallExpr) -> bool:
         """Whether the call is ``<call>.request_finished_all_groups`` in the module being checked."""
         tree = getattr(api, "tree", None)
-        module = getattr(tree, "fullname", None)
-        if tree is None or not isinstance(module, str):
+        if not isinstance(tree, MypyFile):
             return False
-        receivers = self._receivers.get(module)
-        if receivers is None:
+        known = self._receivers.get(id(tree))
+        if known is None or known[0] is not tree:
             collector = NameAndMemberCollector()
             tree.accept(collector)
             found = [m.expr for m in collector.member_exprs if m.name == HMA_METHOD and isinstance(m.expr, CallExpr)]
-            self._receiver_nodes.extend(found)
-            receivers = self._receivers[module] = frozenset(map(id, found))
-        return id(call) in receivers
+            known = self._receivers[id(tree)] = (tree, frozenset(map(id, found)), found)  # nodes kept alive
+        return id(call) in known[1]
 
 
 @dataclass(frozen=True)
@@ -353,4 +367,15 @@ def _callee_name(call: Context) -> str:
 
 def plugin(version: str) -> type[Plugin]:
     """mypy's entry point (``plugins = capkv.mypy``)."""
+    if _release(version) not in SUPPORTED_MYPY:
+        tested = ", ".join(f"{major}.{minor}" for major, minor in SUPPORTED_MYPY)
+        print(f"capkv.mypy: tested with mypy {tested}, not {version}: messages may differ", file=sys.stderr)
     return CapkvPlugin
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
