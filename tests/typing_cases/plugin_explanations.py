@@ -8,6 +8,7 @@ message stands (plugins cannot hook that); it is pinned too, so a change shows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from typing_extensions import assert_type
@@ -65,6 +66,16 @@ def build() -> HMAConnector:
 def choose(flag: bool) -> SupportsHMA:
     return MultiConnector(hma) if flag else MultiConnector(plain)  # expect-error
     # ^ mypy+plugin: "MultiConnector" is not HMA-capable: sub-connector #1 "Disk" does not implement SupportsHMA (missing request_finished_all_groups); an HMA stack needs every child to  [capkv-hma]
+
+
+lazily: Callable[[], SupportsHMA] = lambda: MultiConnector(plain)  # expect-error
+# ^ mypy+plugin: "MultiConnector" is not HMA-capable: sub-connector #1 "Disk" does not implement SupportsHMA (missing request_finished_all_groups); an HMA stack needs every child to  [capkv-hma]
+C = TypeVar("C", bound=KVConnector)
+
+
+def generic_child(connector: C) -> None:
+    needs_hma(MultiConnector(connector, hma))  # expect-error
+    # ^ mypy+plugin: "MultiConnector" is not HMA-capable: sub-connector #1 "C" does not implement SupportsHMA (missing request_finished_all_groups); an HMA stack needs every child to  [capkv-hma]
 
 
 # The receiver of request_finished_all_groups.
