@@ -18,6 +18,7 @@ from capkv.capabilities import (
     check_stack,
     finish_request,
     non_hma_children,
+    require_hma,
     supports_hma,
 )
 from capkv.composite import HMAMultiConnector, MultiConnector, MultiConnectorMetadata, MultiWorkerMetadata
@@ -78,6 +79,7 @@ __all__ = [
     "finish_request",
     "instrument",
     "non_hma_children",
+    "require_hma",
     "supports_hma",
 ]
 

@@ -17,6 +17,7 @@ __all__ = ["SUBCOMMANDS", "main"]
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
     "bench": ("capkv.cli.bench", "measure capkv's costs (transfer: block copy throughput)"),
+    "check": ("capkv.cli.check", "check a configured connector stack (JSON/TOML) before serving"),
     "demo": ("capkv.cli.demo", "serve a hybrid model through a connector stack, cold then warm, verifying every byte"),
 }
 

@@ -28,7 +28,7 @@ from typing import Any, Generic, cast, overload
 import torch
 from typing_extensions import TypeVar, TypeVarTuple, Unpack
 
-from capkv.capabilities.hma import StackNode, describe, non_hma_children, supports_hma
+from capkv.capabilities.hma import StackNode, describe, explain_not_hma, non_hma_children, supports_hma
 from capkv.composite.completion import ReceiveOnce, SendCountdown
 from capkv.composite.metadata import MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.contracts.connector import KV_CONNECTOR_MEMBERS, HMAConnector, KVConnector
@@ -160,7 +160,7 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         if hma:
             target: type[MultiConnector[Unpack[tuple[Any, ...]]]] = _hma_variant(cls)
         elif issubclass(cls, HMAMultiConnector):
-            offenders = "; ".join(c.explain() for c in non_hma_children(_Children(children)))
+            offenders = explain_not_hma(non_hma_children(_Children(children)))
             raise CapabilityError(
                 f"{cls.__name__} needs every child to be HMA-capable: {offenders}",
                 connector=cls.__name__,

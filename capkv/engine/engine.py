@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from capkv.capabilities.hma import describe
 from capkv.capabilities.serving import check_stack
 from capkv.contracts.connector import KVConnector
-from capkv.contracts.spec import KVSpec
+from capkv.devmode.instrument import instrument
 from capkv.engine.block_pool import BlockPool
 from capkv.engine.block_tables import BlockTables
 from capkv.engine.compute import KVFunction
@@ -34,17 +34,6 @@ __all__ = ["Engine"]
 
 Progress = Callable[[int, int], None]
 """Called after each step with (requests finished, requests added)."""
-
-
-def wrap_for_dev_mode(connector: KVConnector[Request], spec: KVSpec) -> KVConnector[Request]:
-    """THE dev-mode call site: wrap the stack in capkv's dev-mode contracts, once, at start-up.
-
-    TODO(devmode): ``capkv.instrument(connector, spec)`` (branch ``devmode``) has
-    not landed on main yet; until it does this is the identity. When it lands,
-    the body becomes ``return capkv.instrument(connector, spec)`` — itself the
-    identity unless dev mode is on (``CAPKV_DEV=1`` or ``python -X dev``).
-    """
-    return connector
 
 
 class Engine:
@@ -70,7 +59,7 @@ class Engine:
                 method="get_required_kvcache_layout",
                 value=layout,
             )
-        connector = wrap_for_dev_mode(connector, spec)
+        connector = instrument(connector, spec)  # identity unless dev mode is on
         self.shape = shape
         self.spec = spec
         self.connector = connector
