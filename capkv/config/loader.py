@@ -25,7 +25,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias, cast
+from typing import Any, cast
 
 from capkv.capabilities.hma import StackNode
 from capkv.config.registry import ConnectorRegistry, default_registry
@@ -80,7 +80,7 @@ class ConfiguredStack(StackNode):
         return self.cls.__name__
 
 
-ConfiguredNode: TypeAlias = "ConfiguredConnector | ConfiguredStack"
+ConfiguredNode = ConfiguredConnector | ConfiguredStack
 """One node of a configured stack."""
 
 
