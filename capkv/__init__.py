@@ -4,7 +4,12 @@ Describe connectors with :class:`KVConnector` (and capabilities such as
 :class:`SupportsHMA`), stack them with :class:`MultiConnector` — whose
 capabilities are inferred from its children, statically and at run time — and
 let :func:`check_stack` and :func:`finish_request` refuse what a stack cannot serve.
+In dev mode (``CAPKV_DEV=1`` or ``python -X dev``), :func:`instrument` checks
+every transfer call against the engine's :class:`KVSpec`.
 """
+
+# First: in dev mode this puts the rest of capkv under beartype as it is imported.
+from capkv import devmode
 
 from capkv.capabilities import (
     KVCacheConfigLike,
@@ -13,6 +18,7 @@ from capkv.capabilities import (
     check_stack,
     finish_request,
     non_hma_children,
+    require_hma,
     supports_hma,
 )
 from capkv.composite import HMAMultiConnector, MultiConnector, MultiConnectorMetadata, MultiWorkerMetadata
@@ -31,6 +37,7 @@ from capkv.contracts import (
     TokenRequest,
     WorkerMetadata,
 )
+from capkv.devmode import instrument
 from capkv.errors import (
     CapabilityError,
     CapkvError,
@@ -68,8 +75,11 @@ __all__ = [
     "TokenRequest",
     "WorkerMetadata",
     "check_stack",
+    "devmode",
     "finish_request",
+    "instrument",
     "non_hma_children",
+    "require_hma",
     "supports_hma",
 ]
 

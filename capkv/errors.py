@@ -70,4 +70,27 @@ class MetadataError(CapkvError):
 
 
 class ContractError(CapkvError):
-    """A dev-mode contract was violated by a transfer call (block ids or KV tensors)."""
+    """A dev-mode contract was violated by a transfer call (block ids or KV tensors).
+
+    In dev mode, a call into capkv that breaks capkv's own type hints raises it too.
+    """
+
+    position: int | None
+    """Where in the value: a block id's index in its group, a tensor's dimension."""
+    expected: str | None
+    """What the contract expected there, in words."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        connector: str | None = None,
+        method: str | None = None,
+        group: int | None = None,
+        value: object = None,
+        position: int | None = None,
+        expected: str | None = None,
+    ) -> None:
+        super().__init__(message, connector=connector, method=method, group=group, value=value)
+        self.position = position
+        self.expected = expected

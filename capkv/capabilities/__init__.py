@@ -1,16 +1,33 @@
 """Capability rules: what a connector or a stack can serve, decided once, never by ``assert``."""
 
-from capkv.capabilities.hma import HMA_METHOD, NonHMAChild, StackNode, non_hma_children, supports_hma
-from capkv.capabilities.serving import KVCacheConfigLike, check_stack, finish_request, num_kv_cache_groups
+from capkv.capabilities.hma import (
+    HMA_METHOD,
+    HMA_RULE,
+    NonHMAChild,
+    StackNode,
+    explain_not_hma,
+    non_hma_children,
+    supports_hma,
+)
+from capkv.capabilities.serving import (
+    KVCacheConfigLike,
+    check_stack,
+    finish_request,
+    num_kv_cache_groups,
+    require_hma,
+)
 
 __all__ = [
     "HMA_METHOD",
+    "HMA_RULE",
     "KVCacheConfigLike",
     "NonHMAChild",
     "StackNode",
     "check_stack",
+    "explain_not_hma",
     "finish_request",
     "non_hma_children",
     "num_kv_cache_groups",
+    "require_hma",
     "supports_hma",
 ]

@@ -11,12 +11,22 @@ runtime form.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["HMA_METHOD", "NonHMAChild", "StackNode", "non_hma_children", "supports_hma"]
+__all__ = [
+    "HMA_METHOD",
+    "HMA_RULE",
+    "NonHMAChild",
+    "StackNode",
+    "explain_not_hma",
+    "non_hma_children",
+    "supports_hma",
+]
 
 HMA_METHOD = "request_finished_all_groups"
+HMA_RULE = "an HMA stack needs every child to"
+"""How every explanation of a non-HMA stack ends (runtime checks, ``capkv check``, the mypy plugin)."""
 
 
 class StackNode(ABC):
@@ -64,6 +74,8 @@ class NonHMAChild:
     """1-based positions from the root stack down to the child."""
     name: str
     """The child's class name."""
+    known: bool = True
+    """False when the child's type is unknown (``Any``): it does not *prove* HMA capability."""
 
     @property
     def position(self) -> str:
@@ -73,8 +85,18 @@ class NonHMAChild:
     def explain(self) -> str:
         """One line saying which child lacks what."""
         subject = f"sub-connector {self.position}" if self.path else "connector"
+        if not self.known:
+            return f'{subject} "{self.name}" is not known to implement SupportsHMA (its type is unknown)'
         return f'{subject} "{self.name}" does not implement SupportsHMA (missing {HMA_METHOD})'
 
+
+def explain_not_hma(offenders: Iterable[NonHMAChild]) -> str:
+    """Why a stack is not HMA-capable: every offender, then the rule.
+
+    The one wording shared by :func:`~capkv.check_stack`, ``capkv check`` and
+    the ``capkv.mypy`` plugin, so a message found in one place greps in all.
+    """
+    return "; ".join([*(child.explain() for child in offenders), HMA_RULE])
 
 
 def non_hma_children(node: object) -> list[NonHMAChild]:

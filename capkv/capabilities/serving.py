@@ -9,17 +9,18 @@ to group 0. Both behave identically under ``python -O``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
-from capkv.capabilities.hma import describe, non_hma_children, supports_hma
+from capkv.capabilities.hma import describe, explain_not_hma, non_hma_children, supports_hma
 from capkv.contracts.connector import KV_CONNECTOR_MEMBERS, KVConnector, RequestT
 from capkv.contracts.engine import BlockIds, KVTransferParams
 from capkv.contracts.spec import KVSpec
 from capkv.errors import CapabilityError
 
-__all__ = ["KVCacheConfigLike", "check_stack", "finish_request", "num_kv_cache_groups"]
+__all__ = ["KVCacheConfigLike", "check_stack", "finish_request", "num_kv_cache_groups", "require_hma"]
 
 
+@runtime_checkable
 class KVCacheConfigLike(Protocol):
     """Anything with a sequence of KV-cache groups — vLLM's ``KVCacheConfig`` included."""
 
@@ -55,19 +56,29 @@ def check_stack(
             method="check_stack",
             value=missing,
         )
-    if num_groups > 1 and not supports_hma(connector):
-        offenders = non_hma_children(connector)
-        lines = "; ".join(child.explain() for child in offenders)
-        raise CapabilityError(
-            f'"{describe(connector)}" cannot serve {num_groups} KV-cache groups: {lines}; '
-            "an HMA stack needs every child to",
-            connector=", ".join(f"{c.position} {c.name}" if c.path else c.name for c in offenders),
-            method="check_stack",
-            value=num_groups,
-        )
+    require_hma(connector, num_groups)
     stack = cast("KVConnector", connector)
     stack.get_required_kvcache_layout()
     stack.get_finished_count()
+
+
+def require_hma(stack: object, kv_cache_config: KVCacheConfigLike | KVSpec | int) -> None:
+    """Raise :class:`~capkv.CapabilityError` when ``stack`` cannot serve that many KV-cache groups.
+
+    ``stack`` may be a connector, a connector class, or a :class:`~capkv.StackNode`
+    (a composite, or a stack read from configuration whose leaves are classes):
+    the verdict needs no instance. The error names every non-HMA leaf by position.
+    """
+    num_groups = num_kv_cache_groups(kv_cache_config)
+    if num_groups <= 1 or supports_hma(stack):
+        return
+    offenders = non_hma_children(stack)
+    raise CapabilityError(
+        f'"{describe(stack)}" cannot serve {num_groups} KV-cache groups: {explain_not_hma(offenders)}',
+        connector=", ".join(f"{c.position} {c.name}" if c.path else c.name for c in offenders),
+        method="check_stack",
+        value=num_groups,
+    )
 
 
 def finish_request(
@@ -90,8 +101,7 @@ def finish_request(
     offenders = non_hma_children(connector)
     raise CapabilityError(
         f'"{describe(connector)}".request_finished_all_groups is unavailable and the request '
-        f"has {len(block_ids)} KV-cache groups: "
-        + "; ".join(child.explain() for child in offenders),
+        f"has {len(block_ids)} KV-cache groups: {explain_not_hma(offenders)}",
         connector=describe(connector),
         method="finish_request",
         group=1 if block_ids else None,

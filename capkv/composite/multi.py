@@ -28,7 +28,7 @@ from typing import Any, Generic, cast, overload
 import torch
 from typing_extensions import TypeVar, TypeVarTuple, Unpack
 
-from capkv.capabilities.hma import StackNode, describe, non_hma_children, supports_hma
+from capkv.capabilities.hma import StackNode, describe, explain_not_hma, non_hma_children, supports_hma
 from capkv.composite.completion import ReceiveOnce, SendCountdown
 from capkv.composite.metadata import MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.contracts.connector import KV_CONNECTOR_MEMBERS, HMAConnector, KVConnector
@@ -135,8 +135,10 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
     def __new__(
         cls, first: KVConnector, /, *rest: KVConnector
     ) -> MultiConnector[Unpack[tuple[Any, ...]]]: ...
-    def __new__(cls, *children: KVConnector) -> MultiConnector[Unpack[tuple[Any, ...]]]:
+    def __new__(cls, *children: object) -> MultiConnector[Unpack[tuple[Any, ...]]]:
         """Build the stack; its class (plain or HMA) is decided here, from the children."""
+        # ``object``: the children are checked here, with a CapabilityError that names the
+        # offender — also in dev mode, where beartype would otherwise refuse them first.
         if not children:
             raise CapabilityError(
                 f"{cls.__name__}() needs at least one sub-connector",
@@ -158,7 +160,7 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         if hma:
             target: type[MultiConnector[Unpack[tuple[Any, ...]]]] = _hma_variant(cls)
         elif issubclass(cls, HMAMultiConnector):
-            offenders = "; ".join(c.explain() for c in non_hma_children(_Children(children)))
+            offenders = explain_not_hma(non_hma_children(_Children(children)))
             raise CapabilityError(
                 f"{cls.__name__} needs every child to be HMA-capable: {offenders}",
                 connector=cls.__name__,
@@ -168,13 +170,13 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         else:
             target = cls
         self = object.__new__(target)
-        self._children = children
+        self._children = cast("tuple[KVConnector, ...]", children)
         self._names = tuple(f"#{i} {describe(c)}" for i, c in enumerate(children, start=1))
         self._load_child = {}
         self._extra_async_saves = {}
         self._send_countdown = SendCountdown()
         self._receive_once = ReceiveOnce()
-        self._single_finishers = tuple(c.request_finished for c in children)
+        self._single_finishers = tuple(c.request_finished for c in self._children)
         self._hma_finishers = (
             tuple(getattr(c, "request_finished_all_groups") for c in children) if hma else ()
         )
@@ -189,6 +191,15 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(map(repr, self._children))})"
+
+    def with_children(self, first: KVConnector, /, *rest: KVConnector) -> MultiConnector[Unpack[tuple[Any, ...]]]:
+        """A fresh stack of this class over new children — e.g. these, instrumented.
+
+        Nothing of this stack's state is carried over, so do it before serving. A
+        subclass whose constructor takes more than the children overrides this.
+        """
+        stack: MultiConnector[Unpack[tuple[Any, ...]]] = type(self)(first, *rest)  # mypy: Any, by overload rules
+        return stack
 
     # ---- scheduler side ----------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "AttentionMetadata",
@@ -28,32 +28,35 @@ __all__ = [
     "WorkerMetadata",
 ]
 
-BlockIds: TypeAlias = tuple[list[int], ...]
+# Aliases are implicit (no ``TypeAlias``): in dev mode capkv runs under beartype's
+# claw, which warns on every PEP 613 alias before Python 3.12.
+
+BlockIds = tuple[list[int], ...]
 """A request's block ids, one list per KV-cache group (the HMA shape)."""
 
-LoadErrors: TypeAlias = dict[int, set[int]]
+LoadErrors = dict[int, set[int]]
 """Block ids that failed to load, keyed by KV-cache group index.
 
 A flat set is ambiguous once there are several groups (the same id means a
 different block in each group's table), so capkv always reports per group.
 """
 
-KVTransferParams: TypeAlias = dict[str, Any]
+KVTransferParams = dict[str, Any]
 """Free-form parameters a connector returns from ``request_finished``."""
 
-SchedulerOutput: TypeAlias = Any
+SchedulerOutput = Any
 """Opaque: the engine's scheduler output for one step."""
 
-ForwardContext: TypeAlias = Any
+ForwardContext = Any
 """Opaque: the engine's forward context handed to ``start_load_kv``."""
 
-AttentionMetadata: TypeAlias = Any
+AttentionMetadata = Any
 """Opaque: the engine's attention metadata handed to ``save_kv_layer``."""
 
-ConnectorMetadata: TypeAlias = Any
+ConnectorMetadata = Any
 """Opaque: what a connector's scheduler side sends to its worker side."""
 
-HandshakeMetadata: TypeAlias = Any
+HandshakeMetadata = Any
 """Opaque: out-of-band handshake data exchanged between peer engines."""
 
 

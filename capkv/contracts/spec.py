@@ -9,8 +9,11 @@ only when given, so a spec can be as coarse as the engine knows.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -93,10 +96,79 @@ class KVSpec:
                     method="KVSpec", group=index, value=shape,
                 )
 
+    @classmethod
+    def from_kv_cache_config(
+        cls,
+        config: object,
+        *,
+        num_blocks: int | None = None,
+        null_block_id: int = 0,
+        kv_shape: Callable[[Any, int], tuple[int, ...]] | None = None,
+        block_dim: int = 0,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> KVSpec:
+        """The spec of a vLLM-shaped ``KVCacheConfig``, read by duck typing.
+
+        Reads ``config.num_blocks`` (unless ``num_blocks`` is given) and, per
+        ``config.kv_cache_groups[i]``, ``layer_names`` and ``kv_cache_spec.block_size``
+        and ``.sliding_window`` (when present). The tensor layout belongs to the
+        attention backend, not the config: pass ``kv_shape(kv_cache_spec, num_blocks)``
+        to get shape templates, e.g. ``lambda s, n: (2, n, s.block_size, s.num_kv_heads,
+        s.head_size)`` with ``block_dim=1`` for vLLM's FlashAttention layout.
+        ``dtype`` defaults to the groups' ``kv_cache_spec.dtype`` when they all agree.
+        """
+        groups: Sequence[Any] = getattr(config, "kv_cache_groups", ())
+        blocks = num_blocks if num_blocks is not None else getattr(config, "num_blocks", None)
+        if not isinstance(blocks, int):
+            raise ConfigError(
+                f"KVSpec.from_kv_cache_config: {type(config).__name__} has no int num_blocks "
+                f"(got {blocks!r}); pass num_blocks=",
+                method="from_kv_cache_config", value=blocks,
+            )
+        specs = [group.kv_cache_spec for group in groups]
+        dtypes = {getattr(spec, "dtype", None) for spec in specs}
+        if dtype is None and len(dtypes) == 1:
+            dtype = next(iter(dtypes))
+        return cls(
+            num_groups=len(groups),
+            num_blocks=blocks,
+            null_block_id=null_block_id,
+            groups=tuple(
+                KVGroupSpec(
+                    layer_names=tuple(group.layer_names),
+                    block_size=getattr(spec, "block_size", None),
+                    sliding_window=getattr(spec, "sliding_window", None),
+                    kv_shape=None if kv_shape is None else tuple(kv_shape(spec, blocks)),
+                )
+                for group, spec in zip(groups, specs, strict=True)
+            ),
+            block_dim=block_dim,
+            dtype=dtype,
+            device=None if device is None else torch.device(device),
+        )
+
     @cached_property
-    def _layer_groups(self) -> dict[str, int]:
-        return {name: i for i, group in enumerate(self.groups) for name in group.layer_names}
+    def layer_groups(self) -> Mapping[str, int]:
+        """The group of every layer the spec names, by layer name (empty when it names none)."""
+        return MappingProxyType({name: i for i, group in enumerate(self.groups) for name in group.layer_names})
+
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        """Every layer the spec names, group by group (empty when it names none)."""
+        return tuple(self.layer_groups)
 
     def group_of_layer(self, layer_name: str) -> int | None:
         """The group holding ``layer_name``, or ``None`` when the spec does not say."""
-        return self._layer_groups.get(layer_name)
+        return self.layer_groups.get(layer_name)
+
+    def kv_shape_of(self, group: int | None) -> tuple[int, ...] | None:
+        """A group's KV tensor shape template; for ``None`` (group unknown), the one every group shares, if any."""
+        if group is not None:
+            return self.groups[group].kv_shape if self.groups else None
+        return self._shared_kv_shape
+
+    @cached_property
+    def _shared_kv_shape(self) -> tuple[int, ...] | None:
+        shapes = {group.kv_shape for group in self.groups}
+        return shapes.pop() if len(shapes) == 1 else None

@@ -25,3 +25,4 @@ def needs_hma(connector: SupportsHMA) -> None: ...
 assert_type(MyStack(Offload(), Offload()), HMAMultiConnector[Offload, Offload])
 needs_hma(MyStack(Offload(), Offload()))
 needs_hma(MyStack(Offload(), Disk()))  # expect-error
+# ^ mypy+plugin: "MyStack" is not HMA-capable: sub-connector #2 "Disk" does not implement SupportsHMA (missing request_finished_all_groups); an HMA stack needs every child to  [capkv-hma]

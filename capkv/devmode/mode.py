@@ -1,0 +1,103 @@
+"""The dev-mode switch, read once — never per call.
+
+Dev mode is on with ``CAPKV_DEV=1`` or ``python -X dev`` (``PYTHONDEVMODE=1``)
+and forced off under ``python -O``: an optimised interpreter is production, where
+the checks must cost nothing. Engines and tests may override the environment with
+:func:`set_dev_mode` or :func:`dev_mode`.
+
+Two things read the switch: :func:`capkv.instrument`, once per connector when it
+wraps one, and ``import capkv``, once per process, which puts capkv's own
+functions under beartype when dev mode is on at that moment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Generator
+from contextlib import contextmanager
+
+__all__ = [
+    "ENV_VAR",
+    "check_capkv_types",
+    "dev_mode",
+    "enabled",
+    "forced_off",
+    "set_dev_mode",
+    "types_checked",
+]
+
+ENV_VAR = "CAPKV_DEV"
+"""``CAPKV_DEV=1`` turns dev mode on; ``0``, ``false``, ``no`` or ``off`` turns it off even under ``-X dev``."""
+
+_OFF_VALUES = frozenset({"0", "false", "no", "off"})
+
+_override: bool | None = None
+_types_checked = False
+
+
+def forced_off() -> bool:
+    """Whether the interpreter runs with ``-O``, which forces dev mode off."""
+    return sys.flags.optimize > 0
+
+
+def enabled() -> bool:
+    """Whether dev mode is on now: the override if set, else the environment; never under ``-O``."""
+    if forced_off():
+        return False
+    if _override is not None:
+        return _override
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value:
+        return value not in _OFF_VALUES
+    return bool(sys.flags.dev_mode)
+
+
+def set_dev_mode(on: bool | None) -> None:
+    """Override the environment (``None`` returns to it).
+
+    Under ``python -O`` the override is recorded but dev mode stays off. Only
+    later :func:`capkv.instrument` calls see the change: connectors already
+    instrumented, and capkv's own type checks (fixed at import), keep theirs.
+    """
+    global _override
+    _override = on
+
+
+@contextmanager
+def dev_mode(on: bool | None = True) -> Generator[bool]:
+    """Override the switch inside a ``with`` block (``None``: the environment); yields whether dev mode is in effect."""
+    global _override
+    saved = _override
+    _override = on
+    try:
+        yield enabled()
+    finally:
+        _override = saved
+
+
+def types_checked() -> bool:
+    """Whether capkv's own functions run under beartype in this process (dev mode at import)."""
+    return _types_checked
+
+
+def check_capkv_types() -> None:
+    """Put the rest of capkv under beartype when dev mode is on; ``import capkv`` calls this first.
+
+    Type-hint violations in calls into capkv then raise :class:`~capkv.ContractError`,
+    like every other dev-mode contract. Modules imported before this call are left as
+    they are, so it must run before capkv imports its submodules. ``capkv.devmode``
+    itself is skipped: its checks take ``object`` and judge every element
+    themselves, and beartype around them would only slow down every checked call.
+    """
+    global _types_checked
+    if _types_checked or not enabled():
+        return
+    from beartype import BeartypeConf
+    from beartype.claw import beartype_package
+
+    from capkv.errors import ContractError
+
+    conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=("capkv.devmode",))
+    beartype_package("capkv", conf=conf)
+    _types_checked = True

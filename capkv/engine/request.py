@@ -1,0 +1,103 @@
+"""A request as the engine tracks it, and the prefix hash every token position has.
+
+``prefix_hash(p)`` identifies the whole token prefix ``tokens[0..p]``: it is a
+chained hash, so it changes when *any* earlier token changes. The engine uses it
+twice — as the key of a full block in the local prefix cache (the hash at the
+block's last token), and as the seed of the deterministic KV the worker writes
+at position ``p`` — so a block loaded for the wrong prefix cannot match.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Sequence
+
+from capkv.errors import ConfigError
+
+__all__ = ["Request", "RequestStatus", "chain_hash"]
+
+_ROOT = b"capkv-prefix"
+
+
+def chain_hash(parent: int | None, token: int) -> int:
+    """The prefix hash after ``token``, given the hash of the prefix before it (``None`` at the start)."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(_ROOT if parent is None else parent.to_bytes(8, "little"))
+    digest.update(token.to_bytes(8, "little", signed=True))
+    return int.from_bytes(digest.digest(), "little")
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting for an async load"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """A prompt, the tokens "sampled" so far, and how far its KV has been computed.
+
+    Satisfies :class:`capkv.TokenRequest`: connectors see ``request_id`` and
+    ``all_token_ids`` (prompt then output tokens).
+    """
+
+    __slots__ = (
+        "request_id",
+        "num_prompt_tokens",
+        "max_tokens",
+        "num_computed_tokens",
+        "status",
+        "_tokens",
+        "_hashes",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int) -> None:
+        if not prompt_token_ids or max_tokens < 1:
+            raise ConfigError(
+                f"request {request_id!r} needs a non-empty prompt and max_tokens >= 1", method="Request", value=request_id
+            )
+        self.request_id = request_id
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.max_tokens = max_tokens
+        self.num_computed_tokens = 0
+        """Positions whose KV is in the paged cache (computed, cached or loaded)."""
+        self.status = RequestStatus.WAITING
+        self._tokens = list(prompt_token_ids)
+        self._hashes: list[int] = []
+
+    @property
+    def all_token_ids(self) -> Sequence[int]:
+        return self._tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._tokens) - self.num_prompt_tokens
+
+    @property
+    def is_done(self) -> bool:
+        return self.num_output_tokens >= self.max_tokens
+
+    def append_output_token(self, token: int) -> None:
+        self._tokens.append(token)
+
+    def prefix_hash(self, position: int) -> int:
+        """The hash of ``all_token_ids[0..position]`` (computed lazily, then remembered)."""
+        hashes = self._hashes
+        while len(hashes) <= position:
+            index = len(hashes)
+            hashes.append(chain_hash(hashes[-1] if hashes else None, self._tokens[index]))
+        return hashes[position]
+
+    def prefix_hashes(self, start: int, stop: int) -> list[int]:
+        """``prefix_hash(p)`` for ``p`` in ``range(start, stop)``."""
+        if stop > start:
+            self.prefix_hash(stop - 1)
+        return self._hashes[start:stop]
+
+    def __repr__(self) -> str:
+        return f"Request({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens})"

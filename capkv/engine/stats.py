@@ -1,0 +1,108 @@
+"""What the engine counts while serving: prefix hits per group, bytes loaded, time in transfers.
+
+Counts are from the engine's side of the contract — what it asked connectors to
+load, and how long their worker-side calls took — so they are available for any
+connector. Connectors' own statistics (``get_kv_connector_stats``) are kept too,
+as reported, for callers that know their shape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import cast
+
+__all__ = ["EngineStats", "GroupStats"]
+
+
+@dataclass
+class GroupStats:
+    """One KV-cache group's prefix reuse.
+
+    Token counts cover positions whose KV the group actually holds: a sliding-window
+    group reuses only the blocks inside its window, so it counts fewer tokens (and
+    moves fewer bytes) than a full-attention group for the same hit.
+    """
+
+    local_hit_tokens: int = 0
+    """Tokens served from blocks already in the paged cache."""
+    loaded_tokens: int = 0
+    """Tokens in blocks a connector loaded."""
+    loaded_blocks: int = 0
+    loaded_bytes: int = 0
+    """Bytes of the loaded blocks, over every layer of the group."""
+
+
+@dataclass
+class EngineStats:
+    """Counters of one engine, since it started or since :meth:`reset`."""
+
+    num_groups: int
+    requests_finished: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0
+    computed_tokens: int = 0
+    local_hit_tokens: int = 0
+    """Prompt tokens covered by local prefix-cache hits (all groups agree on the length)."""
+    external_hit_tokens: int = 0
+    """Prompt tokens connectors offered to load (``num_external_tokens``)."""
+    load_error_blocks: int = 0
+    kv_events: int = 0
+    transfer_seconds: float = 0.0
+    """Wall time inside the connector calls that may copy KV: ``start_load_kv``,
+    ``wait_for_layer_load``, ``save_kv_layer``, ``wait_for_save``, ``get_finished``
+    and ``finish_request``. Copies a connector runs in the background are not in it."""
+    groups: list[GroupStats] = field(default_factory=lambda: list[GroupStats]())
+    connector_stats: list[object] = field(default_factory=lambda: list[object]())
+    """Every non-``None`` ``get_kv_connector_stats()`` answer, in step order."""
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            self.groups = [GroupStats() for _ in range(self.num_groups)]
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(g.loaded_bytes for g in self.groups)
+
+    def connector_total(self, counter: str) -> int | None:
+        """``counter`` summed over the connectors' statistics of every step (``None``: nobody reports it).
+
+        The contract says ``get_kv_connector_stats`` covers the time since the
+        last call, so per-step answers add up. A counter is read from a mapping
+        key or an attribute; mappings of per-child statistics (a stack's) are
+        walked, and their children's counters summed.
+        """
+        found = [n for stats in self.connector_stats if (n := _counter(stats, counter)) is not None]
+        return sum(found) if found else None
+
+    @contextmanager
+    def transferring(self) -> Generator[None]:
+        """Count the time spent in the block as time in transfers."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.transfer_seconds += time.perf_counter() - started
+
+    def snapshot(self) -> EngineStats:
+        """A copy that later steps do not change."""
+        return replace(self, groups=[replace(g) for g in self.groups], connector_stats=list(self.connector_stats))
+
+    def reset(self) -> None:
+        """Zero every counter (between a cold and a warm run)."""
+        fresh = EngineStats(self.num_groups)
+        self.__dict__.update(fresh.__dict__)
+
+
+def _counter(stats: object, name: str) -> int | None:
+    if isinstance(stats, Mapping):
+        entries = cast("Mapping[object, object]", stats)
+        value = entries.get(name)
+        if isinstance(value, int):
+            return value
+        found = [n for child in entries.values() if (n := _counter(child, name)) is not None]
+        return sum(found) if found else None
+    value = getattr(stats, name, None)
+    return value if isinstance(value, int) else None

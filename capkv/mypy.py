@@ -1,0 +1,381 @@
+"""mypy plugin: ``MultiConnector`` stacks that say *why* they are not HMA-capable.
+
+Enable it in the mypy configuration::
+
+    [mypy]
+    plugins = capkv.mypy
+
+Without the plugin mypy already rejects a non-HMA stack where an HMA-capable
+connector is required: the overloads of ``MultiConnector.__new__`` decide. The
+plugin changes messages, never verdicts:
+
+* a ``MultiConnector(...)`` call keeps every child's type at any arity (the
+  overloads stop at eight), nested stacks included, and follows the documented
+  policy for children typed ``Any``: they do not prove the stack HMA-capable, so
+  the stack is a plain ``MultiConnector`` (plain mypy answers ``Any`` there);
+* where such a call's result must be HMA-capable — an argument, an assignment,
+  a return value, or the receiver of ``request_finished_all_groups`` — the one
+  error names every offending child by position and class, with its own code
+  ``capkv-hma``, in the words :func:`capkv.check_stack` and ``capkv check`` use.
+
+A stack stored in a variable first keeps its precise type, but where that
+variable is used mypy's own message stands (plugins cannot hook it).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeGuard
+
+# mypy.plugin first: it imports mypy's modules in the order their cycles need.
+from mypy.plugin import CheckerPluginInterface, FunctionContext, FunctionSigContext, Plugin  # isort: skip
+from mypy.errorcodes import ErrorCode
+from mypy.maptype import map_instance_to_supertype
+from mypy.nodes import ARG_POS, ARG_STAR, CallExpr, Context, Expression, MypyFile, RefExpr, TypeInfo
+from mypy.options import Options
+from mypy.subtypes import is_subtype
+from mypy.traverser import NameAndMemberCollector
+from mypy.types import (
+    AnyType,
+    CallableType,
+    FunctionLike,
+    Instance,
+    ProperType,
+    TupleType,
+    Type,
+    TypeOfAny,
+    TypeVarType,
+    UnpackType,
+    get_proper_type,
+)
+
+from capkv.capabilities.hma import HMA_METHOD, NonHMAChild, explain_not_hma
+
+__all__ = ["CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"]
+
+SUPPORTED_MYPY: tuple[tuple[int, int], ...] = ((2, 3), (2, 4))
+"""mypy releases (major, minor) the plugin is tested with; others load, with a warning."""
+
+CAPKV_HMA = ErrorCode("capkv-hma", "A connector stack used where HMA capability is required", "capkv")
+"""The error code of the plugin's explanation (``# type: ignore[capkv-hma]`` silences it)."""
+
+_STACK = "capkv.composite.multi.MultiConnector"
+_HMA_STACK = "capkv.composite.multi.HMAMultiConnector"
+_CONNECTOR = "capkv.contracts.connector.KVConnector"
+_HMA_CONNECTOR = "capkv.contracts.connector.HMAConnector"
+_ITERABLE = "typing.Iterable"
+
+
+class CapkvPlugin(Plugin):
+    """Hooks ``MultiConnector`` (and subclass) construction: precise types and explanations."""
+
+    def __init__(self, options: Options) -> None:
+        super().__init__(options)
+        self._reset()
+
+    def set_modules(self, modules: dict[str, MypyFile]) -> None:
+        """A new build (the daemon reuses plugins): forget what the last one learnt."""
+        super().set_modules(modules)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._stack_classes: dict[str, bool] = {}
+        self._infos: dict[str, TypeInfo] = {}
+        self._receivers: dict[int, tuple[MypyFile, frozenset[int], list[CallExpr]]] = {}
+        self._verdicts: dict[int, tuple[CallExpr, Type | None, _Verdict | None]] = {}
+        self._capabilities: dict[Type, tuple[bool, bool]] = {}  # type -> (connector, HMA)
+        self._demands: dict[Type, bool] = {}  # expected type -> whether it wants an HMA stack
+        self._evaluating = 0  # > 0 while typing a stack's children for a verdict
+
+    # ---- hook registration ---------------------------------------------------------
+
+    def get_function_signature_hook(
+        self, fullname: str
+    ) -> Callable[[FunctionSigContext], FunctionLike] | None:
+        """Constructing a stack: explain, before overload resolution, why it cannot be HMA here."""
+        return self._explain_use if self._is_stack_class(fullname) else None
+
+    def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
+        """Constructing a stack: its type from every child's type."""
+        return self._stack_type if self._is_stack_class(fullname) else None
+
+    def _is_stack_class(self, fullname: str) -> bool:
+        known = self._stack_classes.get(fullname)
+        if known is None:
+            symbol = self.lookup_fully_qualified(fullname)
+            node = symbol.node if symbol is not None else None
+            known = isinstance(node, TypeInfo) and node.has_base(_STACK)
+            self._stack_classes[fullname] = known
+        return known
+
+    def _info(self, fullname: str) -> TypeInfo:
+        info = self._infos.get(fullname)
+        if info is None:
+            symbol = self.lookup_fully_qualified(fullname)
+            node = symbol.node if symbol is not None else None
+            if not isinstance(node, TypeInfo):  # a stack was built, so capkv is analysed
+                raise LookupError(f"capkv.mypy: {fullname} is not a class known to mypy")
+            info = self._infos[fullname] = node
+        return info
+
+    # ---- the rule, on types ------------------------------------------------------------
+
+    def _protocol(self, fullname: str) -> Instance:
+        return Instance(self._info(fullname), [AnyType(TypeOfAny.special_form)])
+
+    def _is_connector(self, typ: Type) -> bool:
+        return self._capability(typ)[0]
+
+    def _is_hma(self, typ: Type) -> bool:
+        """The static rule: an HMAConnector. ``Any`` proves nothing, so it is not."""
+        return self._capability(typ)[1]
+
+    def _capability(self, typ: Type) -> tuple[bool, bool]:
+        """(is a KVConnector, is an HMAConnector), memoised: protocol checks are costly."""
+        proper = get_proper_type(typ)
+        if isinstance(proper, AnyType):
+            return True, False
+        if isinstance(proper, Instance) and proper.type.fullname in (_STACK, _HMA_STACK):
+            return True, proper.type.fullname == _HMA_STACK  # the composite's own rule
+        known = self._capabilities.get(proper)
+        if known is None:
+            hma = is_subtype(proper, self._protocol(_HMA_CONNECTOR))
+            known = self._capabilities[proper] = (hma or is_subtype(proper, self._protocol(_CONNECTOR)), hma)
+        return known
+
+    def _stack(self, children: Sequence[Type], *, hma: bool) -> Instance:
+        return Instance(self._info(_HMA_STACK if hma else _STACK), list(children))
+
+    def _any_arity_stack(self, api: CheckerPluginInterface, *, hma: bool) -> Instance:
+        anything = api.named_generic_type("builtins.tuple", [AnyType(TypeOfAny.special_form)])
+        return self._stack([UnpackType(anything)], hma=hma)
+
+    def _offenders(self, children: Sequence[Type], path: tuple[int, ...] = ()) -> list[NonHMAChild]:
+        """Every non-HMA leaf below ``children``, by position — the runtime walk, on types."""
+        found: list[NonHMAChild] = []
+        for index, child in enumerate(children, start=1):
+            where = (*path, index)
+            proper = get_proper_type(child)
+            if isinstance(proper, AnyType):
+                found.append(NonHMAChild(where, "Any", known=False))
+            elif self._is_hma(proper):
+                continue
+            elif _is_plain_stack(proper) and not _has_unpack(proper.args):
+                found.extend(self._offenders(proper.args, where) or [NonHMAChild(where, proper.type.name)])
+            else:
+                found.append(NonHMAChild(where, _name(proper)))
+        return found
+
+    # ---- construction: the stack's type --------------------------------------------
+
+    def _stack_type(self, ctx: FunctionContext) -> Type:
+        """Every child's type, at any arity; HMA exactly when every child is (``Any`` is not)."""
+        if not isinstance(get_proper_type(ctx.default_return_type), Instance):
+            return ctx.default_return_type  # an error was reported, or the call is not a stack
+        call = ctx.context
+        if not isinstance(call, CallExpr) or self._explained(call, ctx.api):
+            return ctx.default_return_type
+        by_expr = {id(e): t for es, ts in zip(ctx.args, ctx.arg_types) for e, t in zip(es, ts)}
+        children: list[Type] = []
+        exact = True
+        for expr, kind in zip(call.args, call.arg_kinds):
+            typ = by_expr.get(id(expr))
+            proper = get_proper_type(typ) if typ is not None else None
+            if proper is None or kind not in (ARG_POS, ARG_STAR):
+                return ctx.default_return_type
+            if kind == ARG_POS:
+                children.append(proper)
+            elif isinstance(proper, TupleType) and not _has_unpack(proper.items):
+                children.extend(proper.items)
+            else:
+                element = self._element_type(proper)
+                if element is None:
+                    return ctx.default_return_type
+                children.append(element)
+                exact = False
+        if not children or not all(self._is_connector(child) for child in children):
+            return ctx.default_return_type  # the overloads have already said why
+        hma = all(self._is_hma(child) for child in children)
+        return self._stack(children, hma=hma) if exact else self._any_arity_stack(ctx.api, hma=hma)
+
+    def _element_type(self, iterable: ProperType) -> Type | None:
+        if isinstance(iterable, AnyType):
+            return iterable
+        if isinstance(iterable, Instance) and iterable.type.has_base(_ITERABLE):
+            return map_instance_to_supertype(iterable, self._info(_ITERABLE)).args[0]
+        return None
+
+    # ---- use: the explanation ------------------------------------------------------------
+
+    def _explain_use(self, ctx: FunctionSigContext) -> FunctionLike:
+        """Where the call's result must be HMA-capable and is not, say why — once, precisely.
+
+        Runs before overload resolution, once per overload item. The children are
+        typed as the HMA items type them, silently, as mypy's own trial does. The
+        error is reported here, outside any trial; the call then gets the HMA
+        stack's type, so mypy's generic error does not follow it.
+        """
+        signature = ctx.default_signature
+        call = ctx.context
+        if self._evaluating or not isinstance(call, CallExpr) or not _plausible(signature, call):
+            return signature
+        context = ctx.api.type_context[-1] if ctx.api.type_context else None
+        known = self._verdicts.get(id(call))
+        if known is not None and known[0] is call and known[1] is context and not _is_hma_item(signature):
+            verdict = known[2]
+        else:
+            verdict = self._verdict(ctx.api, call, context, signature)
+            self._verdicts[id(call)] = (call, context, verdict)
+        if verdict is None:
+            return signature
+        ctx.api.fail(verdict.message, call, code=CAPKV_HMA)
+        # mypy types copy_modified's parameters with its own "Bogus" alias, unknown to pyright
+        return signature.copy_modified(ret_type=verdict.recovery)  # pyright: ignore[reportUnknownMemberType]
+
+    def _explained(self, call: CallExpr, api: CheckerPluginInterface) -> bool:
+        """Whether this evaluation of ``call`` already reported its explanation."""
+        known = self._verdicts.get(id(call))
+        context = api.type_context[-1] if api.type_context else None
+        return known is not None and known[0] is call and known[1] is context and known[2] is not None
+
+    def _verdict(
+        self, api: CheckerPluginInterface, call: CallExpr, context: Type | None, signature: CallableType
+    ) -> _Verdict | None:
+        receiver = self._is_receiver(api, call)
+        if not receiver and not self._requires_hma(context, None, api):
+            return None
+        if any(kind != ARG_POS for kind in call.arg_kinds):
+            return None  # unpacked children have no positions to name: mypy's message stands
+        formals = signature.arg_types
+        self._evaluating += 1
+        try:
+            with api.msg.filter_errors():
+                children = [
+                    self._child_type(api, arg, formals[min(index, len(formals) - 1)])
+                    for index, arg in enumerate(call.args)
+                ]
+        finally:
+            self._evaluating -= 1
+        if any(child is None or not self._is_connector(child) for child in children):
+            return None
+        known = [child for child in children if child is not None]
+        offenders = self._offenders(known)
+        if not offenders or not (receiver or self._requires_hma(context, known, api)):
+            return None
+        stack = _callee_name(call)
+        what = f'"{stack}" has no {HMA_METHOD}' if receiver else f'"{stack}" is not HMA-capable'
+        return _Verdict(f"{what}: {explain_not_hma(offenders)}", self._stack(known, hma=True))
+
+    def _child_type(self, api: CheckerPluginInterface, expr: Expression, formal: Type) -> Type | None:
+        """A child's type as the HMA overload item types it; nested stacks by the rule itself.
+
+        Typing a nested ``MultiConnector(...)`` through mypy would resolve its
+        overloads once more per level; the rule gives the same type directly.
+        """
+        callee = expr.callee if isinstance(expr, CallExpr) else None
+        if (
+            isinstance(expr, CallExpr)
+            and isinstance(callee, RefExpr)
+            and self._is_stack_class(callee.fullname)
+            and expr.args
+            and all(kind == ARG_POS for kind in expr.arg_kinds)
+        ):
+            children = [self._child_type(api, arg, formal) for arg in expr.args]
+            if any(child is None or not self._is_connector(child) for child in children):
+                return None
+            known = [child for child in children if child is not None]
+            return self._stack(known, hma=all(self._is_hma(child) for child in known))
+        return api.get_expression_type(expr, formal)
+
+    def _requires_hma(
+        self, context: Type | None, children: Sequence[Type] | None, api: CheckerPluginInterface
+    ) -> bool:
+        """Whether the expected type admits the HMA stack but not the plain one.
+
+        A type variable's bound is not treated as a requirement: inside another
+        stack's overloads it is only a trial, and there mypy's own error stands.
+        """
+        expected = get_proper_type(context) if context is not None else None
+        if expected is None or isinstance(expected, (AnyType, TypeVarType)):
+            return False
+        if children is None:
+            known = self._demands.get(expected)
+            if known is None:
+                hma, plain = self._any_arity_stack(api, hma=True), self._any_arity_stack(api, hma=False)
+                known = self._demands[expected] = is_subtype(hma, expected) and not is_subtype(plain, expected)
+            return known
+        hma, plain = self._stack(children, hma=True), self._stack(children, hma=False)
+        return is_subtype(hma, expected) and not is_subtype(plain, expected)
+
+    def _is_receiver(self, api: CheckerPluginInterface, call: CallExpr) -> bool:
+        """Whether the call is ``<call>.request_finished_all_groups`` in the module being checked."""
+        tree = getattr(api, "tree", None)
+        if not isinstance(tree, MypyFile):
+            return False
+        known = self._receivers.get(id(tree))
+        if known is None or known[0] is not tree:
+            collector = NameAndMemberCollector()
+            tree.accept(collector)
+            found = [m.expr for m in collector.member_exprs if m.name == HMA_METHOD and isinstance(m.expr, CallExpr)]
+            known = self._receivers[id(tree)] = (tree, frozenset(map(id, found)), found)  # nodes kept alive
+        return id(call) in known[1]
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """The explanation to report, and the type the call gets afterwards (no second error)."""
+
+    message: str
+    recovery: Instance
+
+
+def _plausible(signature: CallableType, call: CallExpr) -> bool:
+    """Whether this overload item could take the call's arguments (by count)."""
+    if signature.is_var_arg:
+        return len(call.args) >= 1
+    return len(signature.arg_types) == len(call.args)
+
+
+def _is_hma_item(signature: CallableType) -> bool:
+    returned = get_proper_type(signature.ret_type)
+    return isinstance(returned, Instance) and returned.type.has_base(_HMA_STACK)
+
+
+def _is_plain_stack(typ: ProperType) -> TypeGuard[Instance]:
+    return isinstance(typ, Instance) and typ.type.has_base(_STACK) and not typ.type.has_base(_HMA_STACK)
+
+
+def _has_unpack(types: Sequence[Type]) -> bool:
+    return any(isinstance(t, UnpackType) for t in types)
+
+
+def _name(typ: ProperType) -> str:
+    if isinstance(typ, Instance):
+        return typ.type.name
+    if isinstance(typ, TypeVarType):
+        return typ.name
+    return str(typ)
+
+
+def _callee_name(call: Context) -> str:
+    callee = call.callee if isinstance(call, CallExpr) else None
+    name = getattr(callee, "name", None)
+    return name if isinstance(name, str) else "MultiConnector"
+
+
+def plugin(version: str) -> type[Plugin]:
+    """mypy's entry point (``plugins = capkv.mypy``)."""
+    if _release(version) not in SUPPORTED_MYPY:
+        tested = ", ".join(f"{major}.{minor}" for major, minor in SUPPORTED_MYPY)
+        print(f"capkv.mypy: tested with mypy {tested}, not {version}: messages may differ", file=sys.stderr)
+    return CapkvPlugin
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None

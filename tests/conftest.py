@@ -1,0 +1,23 @@
+"""The test suite runs in dev mode: capkv's own functions under beartype, connectors checkable.
+
+``CAPKV_DEV`` must be set before capkv is first imported, which is why this is
+done here, at the top of the root conftest. Under ``python -O`` dev mode is
+forced off, and the suite then checks production behaviour instead.
+"""
+
+import os
+
+os.environ.setdefault("CAPKV_DEV", "1")
+
+import capkv  # noqa: E402
+
+if os.environ["CAPKV_DEV"] == "1" and not capkv.devmode.forced_off() and not capkv.devmode.types_checked():
+    raise RuntimeError("capkv was imported before tests/conftest.py could turn dev mode on")
+
+
+def pytest_report_header() -> str:
+    """Say in the run's header which mode the suite runs in."""
+    mode = "on" if capkv.devmode.enabled() else "off"
+    if capkv.devmode.forced_off():
+        mode += " (forced off by python -O)"
+    return f"capkv dev mode: {mode}; capkv under beartype: {capkv.devmode.types_checked()}"

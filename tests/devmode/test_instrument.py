@@ -1,0 +1,169 @@
+"""``instrument``: identity in production; in dev mode a faithful proxy, stacks included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import capkv
+from capkv import CapabilityError, ConfigError, ContractError, KVSpec, StackNode, instrument
+from capkv.devmode import Instrumented
+from tests.fakes import HMA, Plain, Req
+
+SPEC = KVSpec(num_groups=2, num_blocks=16)
+ONE_GROUP = KVSpec(num_groups=1, num_blocks=16)
+
+
+class Standalone:
+    """A connector written outside capkv: no base class, only the members it needs."""
+
+    def __init__(self) -> None:
+        self.seen: list[object] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self.seen.append((name, args))
+
+    def request_finished_all_groups(self, request: object, block_ids: object, /) -> tuple[bool, None]:
+        self.seen.append(("request_finished_all_groups", block_ids))
+        return True, None
+
+
+def test_production_returns_the_very_same_object(production: None) -> None:
+    for connector in (Plain(), HMA(), capkv.MultiConnector(HMA(), Plain()), Standalone()):
+        assert instrument(connector, SPEC) is connector
+    plain = Plain()
+    instrument(plain, SPEC).update_state_after_alloc(Req("r"), "not even block ids", 0)  # type: ignore[arg-type]
+    assert plain.calls == [("update_state_after_alloc", (Req("r"), "not even block ids", 0))]
+
+
+def test_mode_is_read_once_when_instrumenting(dev: bool) -> None:
+    connector = HMA()
+    checked = instrument(connector, SPEC)
+    with capkv.devmode.dev_mode(False):
+        still_checked = checked.update_state_after_alloc
+        if dev:
+            with pytest.raises(ContractError):
+                still_checked(Req("r"), ([99], []), 0)
+        assert instrument(connector, SPEC) is connector
+
+
+def test_the_proxy_is_the_connector_for_everything_else(dev: bool) -> None:
+    connector = HMA("h", hit=5)
+    checked = instrument(connector, SPEC)
+    if not dev:
+        assert checked is connector
+        return
+    assert isinstance(checked, Instrumented) and isinstance(checked, HMA)
+    assert checked.__wrapped__ is connector
+    assert type(checked).__name__ == "HMA"
+    assert checked.get_num_new_matched_tokens(Req("r"), 0) == (5, False)
+    checked.delay_free = True
+    assert connector.delay_free is True
+    assert checked.request_finished_all_groups(Req("r"), ([1], [2])) == (True, None)
+    assert checked.name == "h" and "calls" in dir(checked)
+    assert repr(checked).startswith("instrument(<tests.fakes.HMA")
+
+
+def test_capabilities_are_kept_not_gained(dev: bool) -> None:
+    hma, plain = instrument(HMA(), SPEC), instrument(Plain(), SPEC)
+    assert capkv.supports_hma(hma) and isinstance(hma, capkv.SupportsHMA)
+    assert not capkv.supports_hma(plain) and not hasattr(plain, "request_finished_all_groups")
+    assert isinstance(plain, capkv.KVConnector) and isinstance(hma, capkv.HMAConnector)
+    capkv.check_stack(hma, SPEC)
+    with pytest.raises(CapabilityError, match='sub-connector #2 "Plain" does not implement SupportsHMA'):
+        capkv.check_stack(instrument(capkv.MultiConnector(HMA(), Plain()), SPEC), SPEC)
+
+
+def test_a_user_connector_outside_capkv(dev: bool) -> None:
+    connector = Standalone()
+    checked = instrument(connector, SPEC)
+    assert capkv.supports_hma(checked)
+    checked.request_finished_all_groups(Req("r"), ([1], [0, 0]))
+    if dev:
+        with pytest.raises(ContractError, match=r"^Standalone.request_finished_all_groups: block_ids group 0, position 0"):
+            checked.request_finished_all_groups(Req("r"), ([16], []))
+    assert connector.seen == [("request_finished_all_groups", ([1], [0, 0]))]
+
+
+def test_stacks_are_rebuilt_over_instrumented_children(dev: bool) -> None:
+    leaves = [HMA("a"), HMA("b"), HMA("c")]
+    stack = capkv.MultiConnector(leaves[0], capkv.MultiConnector(leaves[1], leaves[2]))
+    checked = instrument(stack, SPEC)
+    if not dev:
+        assert checked is stack
+        return
+    assert checked is not stack and isinstance(checked, capkv.HMAMultiConnector)
+    inner = checked.children[1]
+    assert isinstance(inner, Instrumented) and isinstance(inner, StackNode)
+    assert [child.__wrapped__ for child in (checked.children[0], *inner.children)] == leaves
+    checked.update_state_after_alloc(Req("r"), ([1, 2], [0, 0, 3]), 0)
+    assert all(leaf.methods() == ["update_state_after_alloc"] for leaf in leaves)
+    assert stack.children[0] is leaves[0], "the original stack is left as it was"
+
+
+def test_a_bad_call_made_by_a_composite_is_caught_at_the_child(dev: bool) -> None:
+    class Truncating(capkv.MultiConnector[Any]):
+        """A composite that hands its children only group 0 — the bug of the field."""
+
+        def update_state_after_alloc(self, request: capkv.Request, blocks: capkv.BlockIds, num_external_tokens: int, /) -> None:
+            for child in self.children:
+                child.update_state_after_alloc(request, (blocks[0],), num_external_tokens)
+
+    stack = Truncating(HMA(), Plain())
+    checked = instrument(stack, SPEC)
+    if not dev:
+        assert checked is stack
+        return
+    assert type(checked).__name__ == "Truncating"
+    with pytest.raises(ContractError, match=r"^#1 HMA.update_state_after_alloc: blocks: .* has 1 group; expected one list per KV-cache group \(2\)") as info:
+        checked.update_state_after_alloc(Req("r"), ([1], [2]), 0)
+    assert info.value.connector == "#1 HMA"
+
+
+def test_a_non_hma_stack_on_one_group_finishes_through_the_single_group_call(dev: bool) -> None:
+    plain = Plain()
+    checked = instrument(capkv.MultiConnector(plain, Plain()), ONE_GROUP)
+    assert capkv.finish_request(checked, Req("r"), ([3, 4],)) == (False, None)
+    assert plain.calls == [("request_finished", (Req("r"), [3, 4]))]
+
+
+def test_keyword_arguments_reach_the_connector(dev: bool) -> None:
+    spec = KVSpec(num_groups=1, num_blocks=2, dtype=torch.float32)
+    plain = Plain()
+    tensor = torch.zeros(2)
+    instrument(plain, spec).save_kv_layer("l", tensor, "meta", stream=7)
+    assert plain.calls == [("save_kv_layer", ("l", tensor, "meta", {"stream": 7}))]
+
+
+def test_reinstrumenting(dev: bool) -> None:
+    connector = HMA()
+    checked = instrument(connector, SPEC)
+    if not dev:
+        assert checked is connector
+        return
+    assert instrument(checked, SPEC) is checked
+    wider = KVSpec(num_groups=2, num_blocks=64)
+    rebound = instrument(checked, wider)
+    assert rebound is not checked and rebound.__wrapped__ is checked.__wrapped__
+    rebound.update_state_after_alloc(Req("r"), ([40], []), 0)
+
+
+def test_what_cannot_be_instrumented(dev: bool) -> None:
+    class Opaque(StackNode):
+        @property
+        def children(self) -> tuple[object, ...]:
+            return (HMA(),)
+
+    if not dev:
+        opaque = Opaque()
+        assert instrument(opaque, SPEC) is opaque  # type: ignore[type-var]
+        return
+    with pytest.raises(CapabilityError, match=r'"Opaque" is a StackNode without with_children') as info:
+        instrument(Opaque(), SPEC)  # type: ignore[type-var]
+    assert (info.value.connector, info.value.method) == ("Opaque", "instrument")
+    with pytest.raises(ConfigError, match="needs a connector instance, got the class HMA"):
+        instrument(HMA, SPEC)  # type: ignore[type-var]
