@@ -83,7 +83,7 @@ class CPUOffloadConnector(PrefixStoreConnector):
                 f"{name}: capacity_blocks must be at least 1, got {capacity_blocks!r}",
                 connector=name, method="__init__", value=capacity_blocks,
             )
-        self.pool = HostPoolIndex(capacity_blocks)
+        self.pool: HostPoolIndex = HostPoolIndex(capacity_blocks)
         """Which blocks the pool holds (scheduler side)."""
         super().__init__(spec, self.pool, HostPoolWorker(spec, capacity_blocks, owner=name), namespace=namespace)
 

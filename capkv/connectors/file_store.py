@@ -163,7 +163,7 @@ class FileStoreConnector(PrefixStoreConnector):
     def __init__(self, spec: KVSpec, *, root: str | os.PathLike[str], namespace: str = "") -> None:
         name = type(self).__name__
         require_store_spec(spec, name)
-        self.root = Path(root)
+        self.root: Path = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -26,13 +26,13 @@ class HostPoolIndex:
     __slots__ = ("_free", "_pending", "_pins", "_ready", "capacity", "evictions")
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+        self.capacity: int = capacity
         self._free = list(range(capacity))
         self._ready: OrderedDict[BlockKey, int] = OrderedDict()
         """Loadable blocks, least recently used first."""
         self._pending: dict[BlockKey, int] = {}
         self._pins: dict[BlockKey, int] = {}
-        self.evictions = 0
+        self.evictions: int = 0
         """Blocks evicted so far."""
 
     def __len__(self) -> int:

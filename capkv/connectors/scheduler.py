@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from capkv.connectors.hits import GroupGeometry, longest_hit
 from capkv.connectors.keys import BlockKey, PrefixHasher, RequestKeys
@@ -21,6 +21,7 @@ from capkv.errors import ContractError
 __all__ = ["StoreIndex", "StoreScheduler"]
 
 
+@runtime_checkable
 class StoreIndex(Protocol):
     """What the scheduler side knows of a store's contents."""
 
@@ -71,7 +72,7 @@ class StoreScheduler:
         self._pinned: list[BlockKey] = []
         self._pinned_by_step: deque[list[BlockKey]] = deque()
         self._saving: dict[str, list[BlockKey]] = {}
-        self.hit_tokens = 0
+        self.hit_tokens: int = 0
         """Tokens offered and accepted since the last :meth:`take_hit_tokens`."""
 
     # ---- lookups -------------------------------------------------------------------

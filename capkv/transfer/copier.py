@@ -45,7 +45,7 @@ class BlockCopier:
         staging_nbytes: int = DEFAULT_STAGING_BYTES,
     ) -> None:
         self._owner = owner
-        self.layout = KVLayout(spec, kv_caches, owner=owner)
+        self.layout: KVLayout = KVLayout(spec, kv_caches, owner=owner)
         device = self.layout.device
         if device.type == "cuda":
             self._copies: CpuCopies | CudaCopies = CudaCopies(device, staging_nbytes)

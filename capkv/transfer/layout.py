@@ -126,14 +126,14 @@ class KVLayout:
                 "one connector copies for one device",
                 connector=owner, method="register_kv_caches", value=sorted(map(str, devices)),
             )
-        self.spec = spec
+        self.spec: KVSpec = spec
         self.device: torch.device = devices.pop() if devices else torch.device("cpu")
         if spec.device is not None and not _same_device(spec.device, self.device):
             raise ConfigError(
                 f"{owner}: the spec says device {spec.device}, the KV tensors are on {self.device}",
                 connector=owner, method="register_kv_caches", value=str(self.device),
             )
-        self.groups = tuple(
+        self.groups: tuple[GroupRuns, ...] = tuple(
             self._group(spec, index, kv_caches, owner) for index in range(spec.num_groups)
         )
 

@@ -110,6 +110,8 @@ def test_registering_caches_that_do_not_match_the_spec() -> None:
 
 def test_token_ids_that_are_not_integers() -> None:
     connector = CPUOffloadConnector(SPEC, capacity_blocks=4)
-    with pytest.raises(ContractError, match="not 64-bit integer token ids") as caught:
+    with pytest.raises(ContractError, match="not 64-bit integer token ids|violates type hint"):
         connector.get_num_new_matched_tokens(Req("r", [1.5] * 40), 0)  # type: ignore[list-item]
+    with pytest.raises(ContractError, match="not 64-bit integer token ids") as caught:
+        connector.get_num_new_matched_tokens(Req("r", [2**70] * 40), 0)  # an int, too wide to hash
     assert caught.value.group == 0
