@@ -9,12 +9,14 @@ temporary file that readers never open.
 The header makes every file self-checking — magic, version, the block's key,
 a fingerprint of the KV layout that produced the bytes, the payload length and
 a CRC-32 of the payload — so a truncated, corrupted, foreign or stale file is
-rejected (a miss), never loaded.
+rejected (a miss), never loaded. Damaged files can be removed; a foreign one
+(another layout's, sharing the directory) is left for its owner.
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import os
 import struct
 import uuid
@@ -28,6 +30,7 @@ from capkv.connectors.keys import DIGEST_SIZE, BlockKey
 __all__ = [
     "HEADER_SIZE",
     "TEMP_SUFFIX",
+    "ReadResult",
     "block_path",
     "read_block_file",
     "sweep_temporary_files",
@@ -72,23 +75,36 @@ def write_block_file(root: Path, key: BlockKey, fingerprint: bytes, payload: mem
     _fsync_directory(root)
 
 
-def read_block_file(root: Path, key: BlockKey, fingerprint: bytes, into: memoryview) -> bool:
-    """Read ``key``'s block into ``into`` (exactly its length); ``False`` when absent or invalid."""
+class ReadResult(enum.Enum):
+    """What reading a block file found."""
+
+    OK = "ok"
+    ABSENT = "absent"
+    FOREIGN = "foreign"
+    """A valid file for another KV layout or format version: someone else's, left alone."""
+    DAMAGED = "damaged"
+    """Truncated, padded, corrupted, or not a block file at all: nobody can use it."""
+
+
+def read_block_file(root: Path, key: BlockKey, fingerprint: bytes, into: memoryview) -> ReadResult:
+    """Read ``key``'s block into ``into`` (exactly its length); anything but ``OK`` is a miss."""
     try:
         with open(block_path(root, key), "rb") as file:
             header = file.read(HEADER_SIZE)
             if len(header) != HEADER_SIZE:
-                return False
+                return ReadResult.DAMAGED
             magic, version, group, digest, stored_fingerprint, length, crc = _HEADER.unpack(header)
-            if (magic, version, group, digest, stored_fingerprint, length) != (
-                _MAGIC, _VERSION, key.group, key.digest, fingerprint, len(into)
-            ):
-                return False
+            if magic != _MAGIC or (group, digest) != (key.group, key.digest):
+                return ReadResult.DAMAGED
+            if version != _VERSION or stored_fingerprint != fingerprint or length != len(into):
+                return ReadResult.FOREIGN
             if file.readinto(into) != length or file.read(1):
-                return False
+                return ReadResult.DAMAGED
+    except FileNotFoundError:
+        return ReadResult.ABSENT
     except OSError:
-        return False
-    return zlib.crc32(into) == int(crc)
+        return ReadResult.DAMAGED
+    return ReadResult.OK if zlib.crc32(into) == int(crc) else ReadResult.DAMAGED
 
 
 def sweep_temporary_files(root: Path) -> int:

@@ -5,8 +5,9 @@ Blocks live in one directory, one self-checking file each (see
 thread, so the store survives a process restart and a crash never leaves a
 block that would be read back half-written. The directory *is* the index: a
 block is loadable when its file is there at its full size, whoever wrote it. A
-file that fails its checks at load time is reported as a load error, removed,
-and never copied into the engine. The store has no capacity bound.
+file that fails its checks at load time is reported as a load error and never
+copied into the engine; a damaged one is also removed (a file of another KV
+layout is left for its owner: give each layout its own namespace). The store has no capacity bound.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from capkv.connectors.base import PrefixStoreConnector, require_store_spec
 from capkv.connectors.block_file import (
     HEADER_SIZE,
+    ReadResult,
     block_path,
     read_block_file,
     sweep_temporary_files,
@@ -100,10 +102,12 @@ class FileStoreWorker(StoreWorker):
         good: list[int] = []
         failed: set[int] = set()
         for index, key in enumerate(move.keys):
-            if read_block_file(self._root, key, fingerprint, tensor_memory(rows[index])):
+            found = read_block_file(self._root, key, fingerprint, tensor_memory(rows[index]))
+            if found is ReadResult.OK:
                 good.append(index)
-            else:
-                failed.add(move.block_ids[index])
+                continue
+            failed.add(move.block_ids[index])
+            if found is ReadResult.DAMAGED:
                 block_path(self._root, key).unlink(missing_ok=True)  # so it is not offered again
         if not good:
             return FINISHED, failed

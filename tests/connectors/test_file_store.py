@@ -15,6 +15,7 @@ import torch
 from capkv.connectors import FileStoreConnector
 from capkv.connectors.block_file import (
     HEADER_SIZE,
+    ReadResult,
     read_block_file,
     sweep_temporary_files,
     tensor_memory,
@@ -147,6 +148,7 @@ def test_blocks_from_another_kv_layout_are_refused(tmp_path: Path) -> None:
     assert run.hit_tokens == 96
     assert {g: len(ids) for g, ids in run.load_errors.items()} == {0: 6, 1: 2}
     assert run.loaded == {}
+    assert len(list(tmp_path.glob("*.kvblock"))) == 8  # the flash engine's files are left alone
 
 
 def _rows(payload: bytes) -> torch.Tensor:
@@ -159,17 +161,19 @@ def test_block_files_check_everything_in_their_header(tmp_path: Path) -> None:
     payload = _rows(bytes(range(256)) * 4)
     write_block_file(tmp_path, key, fingerprint, tensor_memory(payload))
     into = torch.zeros(1024, dtype=torch.uint8)
-    assert read_block_file(tmp_path, key, fingerprint, tensor_memory(into)) and torch.equal(into, payload)
-    assert not read_block_file(tmp_path, key, b"g" * 32, tensor_memory(into))  # another layout
-    assert not read_block_file(tmp_path, BlockKey(0, key.digest), fingerprint, tensor_memory(into))  # absent
-    assert not read_block_file(tmp_path, key, fingerprint, tensor_memory(torch.zeros(1000, dtype=torch.uint8)))
+    memory = tensor_memory(into)
+    assert read_block_file(tmp_path, key, fingerprint, memory) is ReadResult.OK and torch.equal(into, payload)
+    assert read_block_file(tmp_path, key, b"g" * 32, memory) is ReadResult.FOREIGN  # another layout
+    assert read_block_file(tmp_path, BlockKey(0, key.digest), fingerprint, memory) is ReadResult.ABSENT
+    shorter = tensor_memory(torch.zeros(1000, dtype=torch.uint8))
+    assert read_block_file(tmp_path, key, fingerprint, shorter) is ReadResult.FOREIGN  # another block size
     path = tmp_path / f"{key.name}.kvblock"
     os.replace(path, tmp_path / f"{other.name}.kvblock")  # a file under another key's name
-    assert not read_block_file(tmp_path, other, fingerprint, tensor_memory(into))
+    assert read_block_file(tmp_path, other, fingerprint, memory) is ReadResult.DAMAGED
     os.replace(tmp_path / f"{other.name}.kvblock", path)
     with open(path, "ab") as file:
         file.write(b"x")  # trailing bytes
-    assert not read_block_file(tmp_path, key, fingerprint, tensor_memory(into))
+    assert read_block_file(tmp_path, key, fingerprint, memory) is ReadResult.DAMAGED
 
 
 def test_sweep_removes_only_dead_writers_temporary_files(tmp_path: Path) -> None:
