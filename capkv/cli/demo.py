@@ -246,7 +246,7 @@ def _print_summary(out: TextStream, engine: Engine, runs: list[RunSummary]) -> N
         out.write(f"  {label:<{label_width}}" + "".join(f"  {v:>{w}}" for v, w in zip(values, widths, strict=True)) + "\n")
     out.write("  (prefix-hit tokens: local prefix cache + loaded through the stack)\n")
     if any(_saved(r.stats) is None for r in runs):
-        out.write("  (bytes saved: n/a when the stack's connectors report no saved_bytes in get_kv_connector_stats)\n")
+        out.write("  (bytes saved: n/a when the stack's connectors report no get_kv_connector_stats)\n")
 
 
 def _saved(stats: EngineStats) -> int | None:

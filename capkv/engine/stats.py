@@ -67,15 +67,17 @@ class EngineStats:
         return sum(g.loaded_bytes for g in self.groups)
 
     def connector_total(self, counter: str) -> int | None:
-        """``counter`` summed over the connectors' statistics of every step (``None``: nobody reports it).
+        """``counter`` summed over the connectors' statistics of every step (``None``: no statistics at all).
 
         The contract says ``get_kv_connector_stats`` covers the time since the
-        last call, so per-step answers add up. A counter is read from a mapping
-        key or an attribute; mappings of per-child statistics (a stack's) are
-        walked, and their children's counters summed.
+        last call, so per-step answers add up; a step without the counter counts
+        as zero. A counter is read from a mapping key or an attribute; mappings
+        of per-child statistics (a stack's) are walked, and their children's
+        counters summed.
         """
-        found = [n for stats in self.connector_stats if (n := _counter(stats, counter)) is not None]
-        return sum(found) if found else None
+        if not self.connector_stats:
+            return None
+        return sum(_counter(stats, counter) or 0 for stats in self.connector_stats)
 
     @contextmanager
     def transferring(self) -> Generator[None]:

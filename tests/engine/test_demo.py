@@ -134,4 +134,5 @@ def test_connector_totals_add_up_steps_and_stacked_children() -> None:
     ]
     assert stats.connector_total("saved_bytes") == 116
     assert stats.connector_total("loaded_blocks") == 3
-    assert stats.connector_total("loaded_bytes") is None
+    assert stats.connector_total("loaded_bytes") == 0, "reported statistics without the counter: zero"
+    assert EngineStats(1).connector_total("saved_bytes") is None, "no statistics at all: unknown"
