@@ -28,7 +28,7 @@ class Progress:
 
     def __init__(self, label: str, total: int, stream: TextStream, *, unit: str = "requests") -> None:
         self.label = label
-        self.total = total
+        self.total: int = total
         self.stream = stream
         self.unit = unit
         self._live = stream.isatty()

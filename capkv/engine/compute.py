@@ -30,7 +30,7 @@ class KVFunction:
     def __init__(self, shape: ModelShape, *, vocab_size: int = 32_000) -> None:
         self.shape = shape
         self.vocab_size = vocab_size
-        self.device = torch.device(shape.device)
+        self.device: torch.device = torch.device(shape.device)
         generator = torch.Generator().manual_seed(0x5EED)
         per_layer = (2, shape.num_kv_heads, shape.head_dim)
         self._offsets = {

@@ -64,20 +64,20 @@ class Engine:
         self.spec = spec
         self.connector = connector
         self.transfer_timeout_s = transfer_timeout_s
-        self.stats = EngineStats(len(shape.groups))
-        self.cache = PagedKVCache(shape, mem_pool=connector.get_mem_pool_context())
+        self.stats: EngineStats = EngineStats(len(shape.groups))
+        self.cache: PagedKVCache = PagedKVCache(shape, mem_pool=connector.get_mem_pool_context())
         connector.register_kv_caches(dict(self.cache.tensors))
         handshake = connector.get_handshake_metadata()
         if handshake is not None:
             connector.set_xfer_handshake_metadata({0: handshake})
-        self.pool = BlockPool(shape.num_blocks, spec.null_block_id)
-        self.kv_function = KVFunction(shape)
+        self.pool: BlockPool = BlockPool(shape.num_blocks, spec.null_block_id)
+        self.kv_function: KVFunction = KVFunction(shape)
         verifier = Verifier(self.cache, self.kv_function) if verify else None
-        self.scheduler = Scheduler(
+        self.scheduler: Scheduler = Scheduler(
             shape, connector, BlockTables(shape.groups, self.pool), self.stats, verifier,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         )
-        self.worker = Worker(connector, self.cache, self.kv_function, verifier, self.stats)
+        self.worker: Worker = Worker(connector, self.cache, self.kv_function, verifier, self.stats)
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -48,9 +48,9 @@ class PagedKVCache:
 
     def __init__(self, shape: ModelShape, *, mem_pool: AbstractContextManager[object] | None = None) -> None:
         self.shape = shape
-        self.device = torch.device(shape.device)
+        self.device: torch.device = torch.device(shape.device)
         self.null_block_id = NULL_BLOCK_ID
-        self.group_of_layer = {name: group for group in shape.groups for name in group.layer_names}
+        self.group_of_layer: dict[str, GroupLayout] = {name: group for group in shape.groups for name in group.layer_names}
         with mem_pool if mem_pool is not None else nullcontext():
             self.tensors: dict[str, torch.Tensor] = {
                 name: torch.empty(shape.kv_shape(group), dtype=shape.dtype, device=self.device)

@@ -57,12 +57,12 @@ class Request:
             raise ConfigError(
                 f"request {request_id!r} needs a non-empty prompt and max_tokens >= 1", method="Request", value=request_id
             )
-        self.request_id = request_id
-        self.num_prompt_tokens = len(prompt_token_ids)
-        self.max_tokens = max_tokens
-        self.num_computed_tokens = 0
+        self.request_id: str = request_id
+        self.num_prompt_tokens: int = len(prompt_token_ids)
+        self.max_tokens: int = max_tokens
+        self.num_computed_tokens: int = 0
         """Positions whose KV is in the paged cache (computed, cached or loaded)."""
-        self.status = RequestStatus.WAITING
+        self.status: RequestStatus = RequestStatus.WAITING
         self._tokens = list(prompt_token_ids)
         self._hashes: list[int] = []
 

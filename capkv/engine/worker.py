@@ -47,7 +47,7 @@ class Worker:
         self.kv_function = kv_function
         self.verifier = verifier
         self.stats = stats
-        self.layer_names = cache.shape.layer_names
+        self.layer_names: tuple[str, ...] = cache.shape.layer_names
 
     def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
         connector = self.connector
