@@ -7,7 +7,9 @@ the classes, before anything is built, with the same explanation as
 (KV-cache layouts, finished counts — these need instances, so the connectors are
 built from their extra config; ``--classes-only`` skips that).
 
-Exit status: 0 servable, 1 not servable, 2 the configuration itself is wrong.
+Exit status: 0 servable, 1 not servable, 2 the configuration itself is wrong
+(including a connector that cannot be built from it — the HMA verdict, decided
+from the classes, is still printed first).
 """
 
 from __future__ import annotations
@@ -53,14 +55,19 @@ def run(args: argparse.Namespace) -> int:
         for module in args.imports:
             _import(module)
         configured = load_stack_file(args.config)
-        problems = _capability_problems(configured, args.groups)  # from classes: nothing built yet
-        built = None if args.classes_only else build_stack(configured)
     except ConfigError as exc:
         _error(str(exc))
         return 2
-    except CapkvError as exc:  # a composite refused its children while being built
-        _error(str(exc))
-        return 1
+    problems = _capability_problems(configured, args.groups)  # from classes: nothing built yet
+    built: Any = None
+    build_failure: str | None = None
+    if not args.classes_only:
+        try:
+            built = build_stack(configured)
+        except ConfigError as exc:  # e.g. a connector that needs more than its extra config
+            build_failure = str(exc)
+        except CapkvError as exc:  # a composite refused its children while being built
+            problems.append(str(exc))
     rows = [[label, *fields] for label, fields in _rows(configured, built, "", "")]
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
@@ -69,8 +76,12 @@ def run(args: argparse.Namespace) -> int:
         problems += _conflicts(built)
     for problem in problems:
         _error(problem)
+    if build_failure is not None:
+        _error(f"{build_failure} (layouts and finished counts are unchecked; --classes-only skips building)")
     if problems:
         return 1
+    if build_failure is not None:
+        return 2
     groups = "1 KV-cache group" if args.groups == 1 else f"{args.groups} KV-cache groups"
     print(f"ok: the stack can serve {groups}" + (" (classes only)" if built is None else ""))
     return 0

@@ -33,6 +33,9 @@ ENTRY_POINT_GROUP = "capkv.connectors"
 
 BUILTIN_CONNECTORS: Mapping[str, str] = {
     "MultiConnector": "capkv.composite.multi:MultiConnector",
+    "CPUOffloadConnector": "capkv.connectors.cpu_offload:CPUOffloadConnector",
+    "FileStoreConnector": "capkv.connectors.file_store:FileStoreConnector",
+    "SingleGroupOffloadConnector": "capkv.connectors.single_group:SingleGroupOffloadConnector",
 }
 """capkv's own connectors, by the names vLLM configurations use (one line per connector)."""
 

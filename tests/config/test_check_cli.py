@@ -108,7 +108,6 @@ def test_registered_names_through_import(tmp_path: Path, capsys: pytest.CaptureF
         (multi({"kv_connector": "Nope"}), 'capkv check: error: #1: unknown connector "Nope" (registered: '),
         (multi({"kv_connector": "no.such:Thing"}), 'capkv check: error: #1: cannot import module "no.such" for connector "no.such:Thing": '),
         (multi(leaf("NotAConnector")), f'capkv check: error: #1: connector "{SAMPLES}:NotAConnector" (NotAConnector) is not a KVConnector class (missing '),
-        (multi(leaf("DiskConnector", colour="red")), 'capkv check: error: #1: cannot build "tests.config.sample_connectors:DiskConnector" with DiskConnector(kv_connector_extra_config): TypeError: '),
         ([1, 2], 'capkv check: error: '),
         ({"kv_connector": "MultiConnector"}, 'capkv check: error: composite "MultiConnector" needs a non-empty "connectors" list'),
     ],
@@ -119,6 +118,20 @@ def test_configuration_errors_are_one_line_exit_2(
     status, out, err = check(tmp_path, config, capsys=capsys)
     assert (status, out) == (2, "")
     assert len(err.splitlines()) == 1 and err.startswith(error)
+
+
+def test_a_connector_that_cannot_be_built_is_exit_2_after_the_class_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = check(tmp_path, multi(leaf("DiskConnector", colour="red")), capsys=capsys)
+    assert status == 2
+    assert out.splitlines()[1].startswith("└─ #1 DiskConnector  HMA: no  layout: ?")
+    assert len(err.splitlines()) == 1
+    assert err.startswith('capkv check: error: #1: cannot build "tests.config.sample_connectors:DiskConnector" with DiskConnector(kv_connector_extra_config): TypeError: ')
+    assert err.rstrip().endswith("(layouts and finished counts are unchecked; --classes-only skips building)")
+    status, _, err = check(tmp_path, multi(leaf("DiskConnector", colour="red")), "--groups", "2", capsys=capsys)
+    assert status == 1, "not servable wins over not buildable"
+    assert "cannot serve 2 KV-cache groups" in err.splitlines()[0]
 
 
 def test_unreadable_files_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
