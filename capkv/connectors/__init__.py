@@ -11,7 +11,7 @@ two stores interoperate in a ``MultiConnector`` stack.
 """
 
 from capkv.connectors.base import PrefixStoreConnector
-from capkv.connectors.cpu_offload import CPUOffloadConnector
+from capkv.connectors.cpu_offload import CPUOffloadConnector, HostPoolConnector
 from capkv.connectors.file_store import FileStoreConnector
 from capkv.connectors.hits import GroupGeometry, longest_hit
 from capkv.connectors.keys import BlockKey, PrefixHasher
@@ -22,6 +22,7 @@ __all__ = [
     "BlockKey",
     "BlockMove",
     "CPUOffloadConnector",
+    "HostPoolConnector",
     "FileStoreConnector",
     "GroupGeometry",
     "PrefixHasher",

@@ -20,7 +20,7 @@ from capkv.errors import ConfigError
 from capkv.transfer.copier import BlockCopier
 from capkv.transfer.handle import CopyHandle, all_of
 
-__all__ = ["CPUOffloadConnector", "HostPoolWorker"]
+__all__ = ["CPUOffloadConnector", "HostPoolConnector", "HostPoolWorker"]
 
 _SLOT_ALIGNMENT = 64
 """Slots start on cache lines, so every group's rows take the widest copy word."""
@@ -67,12 +67,13 @@ class HostPoolWorker(StoreWorker):
         ])
 
 
-class CPUOffloadConnector(PrefixStoreConnector):
-    """Host-memory prefix cache for every KV-cache group (HMA-capable).
+class HostPoolConnector(PrefixStoreConnector):
+    """A prefix cache in a host block pool — the single-group methods only.
 
     ``spec`` describes the engine's KV cache (every group's layers, block size,
     sliding window, per-layer shape; the dtype). ``capacity_blocks`` bounds the
     pool. ``namespace`` separates models that share layer names and shapes.
+    Whether it serves several groups is its subclasses' choice.
     """
 
     def __init__(self, spec: KVSpec, *, capacity_blocks: int, namespace: str = "") -> None:
@@ -86,6 +87,10 @@ class CPUOffloadConnector(PrefixStoreConnector):
         self.pool: HostPoolIndex = HostPoolIndex(capacity_blocks)
         """Which blocks the pool holds (scheduler side)."""
         super().__init__(spec, self.pool, HostPoolWorker(spec, capacity_blocks, owner=name), namespace=namespace)
+
+
+class CPUOffloadConnector(HostPoolConnector):
+    """Host-memory prefix cache for every KV-cache group (HMA-capable)."""
 
     def request_finished_all_groups(
         self, request: TokenRequest, block_ids: BlockIds, /

@@ -11,28 +11,15 @@ group 0 alone. On a one-group model it is a working host-pool cache.
 
 from __future__ import annotations
 
-from capkv.connectors.base import PrefixStoreConnector, require_store_spec
-from capkv.connectors.cpu_offload import HostPoolWorker
-from capkv.connectors.host_pool import HostPoolIndex
+from capkv.connectors.cpu_offload import HostPoolConnector
 from capkv.contracts.engine import BlockIds, TokenRequest
-from capkv.contracts.spec import KVSpec
-from capkv.errors import CapabilityError, ConfigError
+from capkv.errors import CapabilityError
 
 __all__ = ["SingleGroupOffloadConnector"]
 
 
-class SingleGroupOffloadConnector(PrefixStoreConnector):
+class SingleGroupOffloadConnector(HostPoolConnector):
     """A host-pool prefix cache that handles exactly one KV-cache group."""
-
-    def __init__(self, spec: KVSpec, *, capacity_blocks: int, namespace: str = "") -> None:
-        name = type(self).__name__
-        require_store_spec(spec, name)
-        if capacity_blocks < 1:
-            raise ConfigError(
-                f"{name}: capacity_blocks must be at least 1, got {capacity_blocks!r}",
-                connector=name, method="__init__", value=capacity_blocks,
-            )
-        super().__init__(spec, HostPoolIndex(capacity_blocks), HostPoolWorker(spec, capacity_blocks, owner=name), namespace=namespace)
 
     def get_num_new_matched_tokens(self, request: TokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
         self._one_group("get_num_new_matched_tokens")
