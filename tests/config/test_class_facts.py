@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from capkv import ConflictError, KVConnectorBase, MultiConnector, class_level
-from capkv.capabilities.facts import NEEDS_INSTANCE, STATIC_FACTS, class_fact
+from capkv.capabilities import NEEDS_INSTANCE, STATIC_FACTS, class_fact
+from capkv.composite.multi import answers_by_agreement
 from capkv.connectors.cpu_offload import CPUOffloadConnector
 from capkv.connectors.file_store import FileStoreConnector
 from capkv.connectors.single_group import SingleGroupOffloadConnector
@@ -78,6 +79,17 @@ def test_class_level_answers_match_the_instances() -> None:
 
 def test_a_multiconnector_needs_its_children() -> None:
     assert all(class_fact(MultiConnector, fact) is NEEDS_INSTANCE for fact in STATIC_FACTS)
+    assert all(answers_by_agreement(MultiConnector, fact) for fact in STATIC_FACTS)
+
+
+def test_a_composite_with_its_own_rule_is_asked_as_an_instance() -> None:
+    class FirstChildDecides(MultiConnector):  # type: ignore[type-arg]
+        def get_required_kvcache_layout(self) -> str | None:
+            return self.children[0].get_required_kvcache_layout()  # type: ignore[no-any-return]
+
+    assert not answers_by_agreement(FirstChildDecides, "get_required_kvcache_layout")
+    assert answers_by_agreement(FirstChildDecides, "get_finished_count")
+    assert not answers_by_agreement(Plain, "get_finished_count")
 
 
 # ---- capkv check -------------------------------------------------------------------
