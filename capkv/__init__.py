@@ -36,6 +36,7 @@ from capkv.contracts import (
     SupportsHMA,
     TokenRequest,
     WorkerMetadata,
+    class_level,
 )
 from capkv.devmode import instrument
 from capkv.errors import (
@@ -75,6 +76,7 @@ __all__ = [
     "TokenRequest",
     "WorkerMetadata",
     "check_stack",
+    "class_level",
     "devmode",
     "finish_request",
     "instrument",

@@ -1,5 +1,6 @@
 """Capability rules: what a connector or a stack can serve, decided once, never by ``assert``."""
 
+from capkv.capabilities.facts import NEEDS_INSTANCE, STATIC_FACTS, StaticFact, class_fact
 from capkv.capabilities.hma import (
     HMA_METHOD,
     HMA_RULE,
@@ -21,9 +22,13 @@ __all__ = [
     "HMA_METHOD",
     "HMA_RULE",
     "KVCacheConfigLike",
+    "NEEDS_INSTANCE",
     "NonHMAChild",
+    "STATIC_FACTS",
     "StackNode",
+    "StaticFact",
     "check_stack",
+    "class_fact",
     "explain_not_hma",
     "finish_request",
     "non_hma_children",

@@ -19,7 +19,8 @@ at run time they get an HMA variant of their own class.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from types import new_class
@@ -28,7 +29,9 @@ from typing import Any, Generic, cast, overload
 import torch
 from typing_extensions import TypeVar, TypeVarTuple, Unpack
 
+from capkv.capabilities.facts import StaticFact
 from capkv.capabilities.hma import StackNode, describe, explain_not_hma, non_hma_children, supports_hma
+from capkv.composite.agreement import agreed_finished_count, agreed_layout, child_label, piecewise_needed
 from capkv.composite.completion import ReceiveOnce, SendCountdown
 from capkv.composite.metadata import MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.contracts.connector import KV_CONNECTOR_MEMBERS, HMAConnector, KVConnector
@@ -46,7 +49,7 @@ from capkv.contracts.engine import (
 )
 from capkv.errors import CapabilityError, ConflictError, MetadataError
 
-__all__ = ["HMAMultiConnector", "MultiConnector"]
+__all__ = ["HMAMultiConnector", "MultiConnector", "answers_by_agreement", "stack_class"]
 
 _Ts = TypeVarTuple("_Ts")
 _H1 = TypeVar("_H1", bound=HMAConnector)
@@ -66,7 +69,6 @@ _C6 = TypeVar("_C6", bound=KVConnector)
 _C7 = TypeVar("_C7", bound=KVConnector)
 _C8 = TypeVar("_C8", bound=KVConnector)
 
-_T = TypeVar("_T")
 _M = TypeVar("_M", MultiConnectorMetadata, MultiWorkerMetadata)
 _FinishResult = tuple[bool, KVTransferParams | None]
 _Finisher = Callable[[Request, Any], _FinishResult]
@@ -157,9 +159,7 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
                     value=child,
                 )
         hma = all(supports_hma(child) for child in children)
-        if hma:
-            target: type[MultiConnector[Unpack[tuple[Any, ...]]]] = _hma_variant(cls)
-        elif issubclass(cls, HMAMultiConnector):
+        if not hma and issubclass(cls, HMAMultiConnector):
             offenders = explain_not_hma(non_hma_children(_Children(children)))
             raise CapabilityError(
                 f"{cls.__name__} needs every child to be HMA-capable: {offenders}",
@@ -167,11 +167,10 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
                 method="__new__",
                 value=children,
             )
-        else:
-            target = cls
+        target: type[MultiConnector[Unpack[tuple[Any, ...]]]] = stack_class(cls, children)
         self = object.__new__(target)
         self._children = cast("tuple[KVConnector, ...]", children)
-        self._names = tuple(f"#{i} {describe(c)}" for i, c in enumerate(children, start=1))
+        self._names = tuple(child_label(i, describe(c)) for i, c in enumerate(children, start=1))
         self._load_child = {}
         self._extra_async_saves = {}
         self._send_countdown = SendCountdown()
@@ -320,15 +319,17 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
 
     def get_required_kvcache_layout(self) -> str | None:
         """The layout the children need; children asking for different layouts conflict."""
-        return self._agree("get_required_kvcache_layout", [c.get_required_kvcache_layout() for c in self._children], ignore_none=True)
+        answers = [c.get_required_kvcache_layout() for c in self._children]
+        return agreed_layout(type(self).__name__, list(zip(self._names, answers, strict=True)))
 
     def get_finished_count(self) -> int | None:
         """The children's finished count; they must all give the same answer."""
-        return self._agree("get_finished_count", [c.get_finished_count() for c in self._children], ignore_none=False)
+        answers = [c.get_finished_count() for c in self._children]
+        return agreed_finished_count(type(self).__name__, list(zip(self._names, answers, strict=True)))
 
     def requires_piecewise_for_cudagraph(self) -> bool:
         """Needed when any child needs it."""
-        return any(child.requires_piecewise_for_cudagraph() for child in self._children)
+        return piecewise_needed(child.requires_piecewise_for_cudagraph() for child in self._children)
 
     def set_xfer_handshake_metadata(self, metadata: Mapping[int, HandshakeMetadata], /) -> None:
         """Every child learns the peers' metadata."""
@@ -454,19 +455,6 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
 
     # ---- helpers -------------------------------------------------------------------
 
-    def _agree(self, method: str, answers: list[_T], *, ignore_none: bool) -> _T | None:
-        considered = [(i, a) for i, a in enumerate(answers) if not (ignore_none and a is None)]
-        distinct = {a for _, a in considered}
-        if len(distinct) > 1:
-            detail = ", ".join(f"{self._names[i]} -> {a!r}" for i, a in considered)
-            raise ConflictError(
-                f"{type(self).__name__}.{method}: sub-connectors disagree ({detail})",
-                connector=", ".join(self._names[i] for i, _ in considered),
-                method=method,
-                value=sorted(map(repr, distinct)),
-            )
-        return considered[0][1] if considered else None
-
     def _expect(self, metadata: object, kind: type[_M], method: str) -> _M:
         """``metadata`` as the composite's own kind, or a :class:`~capkv.MetadataError`."""
         if not isinstance(metadata, kind) or len(metadata.children) != len(self._children):
@@ -506,6 +494,31 @@ class _Children(StackNode):
 
 
 _HMA_VARIANTS: dict[type[Any], type[Any]] = {}
+
+
+def stack_class(cls: type[Any], children: Iterable[object]) -> type[Any]:
+    """The class ``cls(*children)`` builds: a stack's HMA variant when every child is HMA-capable.
+
+    ``children`` may be connectors, connector classes or stack nodes, so a stack
+    read from configuration is named as the built one will be. A class that is
+    not a :class:`MultiConnector` builds itself.
+    """
+    if MultiConnector not in cls.__mro__:
+        return cls
+    stack = cast("type[MultiConnector[Unpack[tuple[Any, ...]]]]", cls)
+    return _hma_variant(stack) if all(supports_hma(child) for child in children) else stack
+
+
+def answers_by_agreement(cls: type[Any], fact: StaticFact) -> bool:
+    """Whether ``cls`` answers ``fact`` from its children by :mod:`capkv.composite.agreement`.
+
+    True for :class:`MultiConnector` and subclasses that keep its member; a
+    subclass that overrides it has a rule of its own, which only an instance knows.
+    """
+    if not issubclass(cls, MultiConnector):
+        return False
+    member: object = inspect.getattr_static(cast("type[object]", cls), fact)
+    return member is vars(MultiConnector)[fact]
 
 
 def _hma_variant(cls: type[MultiConnector[Unpack[tuple[Any, ...]]]]) -> type[MultiConnector[Unpack[tuple[Any, ...]]]]:

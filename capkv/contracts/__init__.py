@@ -1,6 +1,7 @@
 """The contracts: what connectors are, what engines hand them, and the KV-cache shape."""
 
 from capkv.contracts.base import KVConnectorBase
+from capkv.contracts.class_level import class_level
 from capkv.contracts.connector import HMAConnector, KVConnector, RequestT, SupportsHMA
 from capkv.contracts.engine import (
     AttentionMetadata,
@@ -38,4 +39,5 @@ __all__ = [
     "SupportsHMA",
     "TokenRequest",
     "WorkerMetadata",
+    "class_level",
 ]

@@ -1,7 +1,9 @@
 """An optional base class with the contract's optional members filled in.
 
 A concrete connector writes only the seven members that carry its logic; the
-rest default to "nothing to do". Nothing requires inheriting this class: the
+rest default to "nothing to do". The three facts (layout, finished count,
+piecewise CUDA graphs) default at class level, so ``capkv check`` knows them
+without building the connector. Nothing requires inheriting this class: the
 contract is the :class:`~capkv.KVConnector` protocol.
 """
 
@@ -14,6 +16,7 @@ from typing import Any, Generic
 
 import torch
 
+from capkv.contracts.class_level import class_level
 from capkv.contracts.connector import RequestT
 from capkv.contracts.engine import (
     AttentionMetadata,
@@ -85,13 +88,27 @@ class KVConnectorBase(ABC, Generic[RequestT]):
     def take_events(self) -> Iterable[object]:
         return ()
 
-    def get_required_kvcache_layout(self) -> str | None:
+    # The three facts below are class-level (see :func:`~capkv.class_level`): a
+    # connector that keeps the defaults answers ``capkv check`` from its class.
+
+    @class_level
+    def get_required_kvcache_layout(cls) -> str | None:
+        """No particular layout.
+
+        Override with an instance method when the answer depends on the
+        connector's configuration; declare it ``@class_level`` when it does
+        not, so ``capkv check`` can answer before building the connector.
+        """
         return None
 
-    def get_finished_count(self) -> int | None:
+    @class_level
+    def get_finished_count(cls) -> int | None:
+        """The world size (``None``); override as for :meth:`get_required_kvcache_layout`."""
         return None
 
-    def requires_piecewise_for_cudagraph(self) -> bool:
+    @class_level
+    def requires_piecewise_for_cudagraph(cls) -> bool:
+        """Full CUDA graphs are fine; override as for :meth:`get_required_kvcache_layout`."""
         return False
 
     def set_xfer_handshake_metadata(

@@ -77,15 +77,20 @@ class KVConnector(Protocol[RequestT]):
         ...
 
     def get_required_kvcache_layout(self) -> str | None:
-        """The KV-cache layout this connector needs (e.g. ``"HND"``), or ``None``."""
+        """The KV-cache layout this connector needs (e.g. ``"HND"``), or ``None``.
+
+        Declare it a classmethod (``@class_level`` in a :class:`~capkv.KVConnectorBase`
+        subclass) when the answer does not depend on the instance, so ``capkv check``
+        can answer before building; likewise the next two members.
+        """
         ...
 
     def get_finished_count(self) -> int | None:
-        """How many completion reports finish one transfer (``None``: the world size)."""
+        """How many completion reports finish one transfer (``None``: the world size); may be class-level."""
         ...
 
     def requires_piecewise_for_cudagraph(self) -> bool:
-        """Whether layer-wise hooks forbid full CUDA-graph capture."""
+        """Whether layer-wise hooks forbid full CUDA-graph capture; may be class-level."""
         ...
 
     def set_xfer_handshake_metadata(

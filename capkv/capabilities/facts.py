@@ -1,0 +1,70 @@
+"""The contract's three facts, answered from a connector *class* when it can.
+
+``get_required_kvcache_layout``, ``get_finished_count`` and
+``requires_piecewise_for_cudagraph`` state facts an engine needs before
+serving. A connector whose answer does not depend on its configuration
+declares the member class-level (a classmethod or staticmethod; in a
+:class:`~capkv.KVConnectorBase` subclass, :func:`~capkv.class_level`), and then
+the class answers — which is how ``capkv check`` reports a configured stack
+whose connectors need the engine's objects to be built.
+
+The rule is the member the class resolves through its MRO, nothing else: a
+class-level member answers from the class, an instance method means "ask an
+instance" (:data:`NEEDS_INSTANCE`). ``KVConnectorBase``'s defaults are class-level
+by that same rule, not by being special-cased.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from typing import Any, Final, Literal
+
+__all__ = [
+    "FINISHED_COUNT",
+    "LAYOUT",
+    "NEEDS_INSTANCE",
+    "PIECEWISE",
+    "STATIC_FACTS",
+    "NeedsInstance",
+    "StaticFact",
+    "class_fact",
+]
+
+StaticFact = Literal["get_required_kvcache_layout", "requires_piecewise_for_cudagraph", "get_finished_count"]
+"""The name of one of the contract's facts."""
+
+LAYOUT: Final = "get_required_kvcache_layout"
+PIECEWISE: Final = "requires_piecewise_for_cudagraph"
+FINISHED_COUNT: Final = "get_finished_count"
+
+STATIC_FACTS: tuple[StaticFact, ...] = (LAYOUT, PIECEWISE, FINISHED_COUNT)
+"""The facts, in the order ``capkv check`` shows them."""
+
+
+class NeedsInstance(enum.Enum):
+    """The type of :data:`NEEDS_INSTANCE`."""
+
+    NEEDS_INSTANCE = "needs an instance"
+
+    def __repr__(self) -> str:
+        return "NEEDS_INSTANCE"
+
+
+NEEDS_INSTANCE: Final = NeedsInstance.NEEDS_INSTANCE
+"""What :func:`class_fact` returns when only an instance can answer."""
+
+
+def class_fact(cls: type[Any], fact: StaticFact) -> object:
+    """``cls``'s answer to ``fact`` when its member is class-level, else :data:`NEEDS_INSTANCE`.
+
+    The member is found as attribute lookup finds it (through the MRO, without
+    invoking descriptors), so a subclass's instance-method override hides a
+    base's class-level default, and a class-level override hides an instance
+    method. Errors raised by the member propagate.
+    """
+    member = inspect.getattr_static(cls, fact, None)
+    if isinstance(member, classmethod | staticmethod):
+        answer: object = getattr(cls, fact)()
+        return answer
+    return NEEDS_INSTANCE
