@@ -15,7 +15,7 @@ from capkv.connectors.cpu_offload import CPUOffloadConnector, HostPoolConnector
 from capkv.connectors.file_store import FileStoreConnector
 from capkv.connectors.hits import GroupGeometry, longest_hit
 from capkv.connectors.keys import BlockKey, PrefixHasher
-from capkv.connectors.metadata import BlockMove, StoreMetadata
+from capkv.connectors.metadata import BlockMove, SaveReport, StoreMetadata
 from capkv.connectors.single_group import SingleGroupOffloadConnector
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "GroupGeometry",
     "PrefixHasher",
     "PrefixStoreConnector",
+    "SaveReport",
     "SingleGroupOffloadConnector",
     "StoreMetadata",
     "longest_hit",

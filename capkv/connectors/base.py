@@ -11,7 +11,9 @@ the allocated blocks; ``build_connector_meta`` ships the plan;
 ``start_load_kv`` loads (synchronously on CPU, stream-ordered on CUDA: the
 load is never asynchronous to the engine) and starts saves planned by
 ``request_finished_all_groups``; ``get_finished`` reports a request once its
-saves completed, after which the engine frees its blocks.
+saves completed, after which the engine frees its blocks;
+``build_connector_worker_meta`` reports which saves landed in the store (or
+failed), and ``update_connector_output`` hands that to the scheduler side.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 
 from capkv.connectors.keys import PrefixHasher
-from capkv.connectors.metadata import StoreMetadata
+from capkv.connectors.metadata import SaveReport, StoreMetadata
 from capkv.connectors.scheduler import StoreIndex, StoreScheduler
 from capkv.connectors.worker import StoreWorker
 from capkv.contracts.base import KVConnectorBase
@@ -154,10 +156,15 @@ class PrefixStoreConnector(KVConnectorBase[TokenRequest]):
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         return self._worker.take_load_errors()
 
+    def build_connector_worker_meta(self) -> SaveReport | None:
+        """The saves that ended since the last step, stored or failed; the scheduler side needs it
+        to make stored blocks loadable and failed ones saveable again."""
+        return self._worker.report()
+
     def get_kv_connector_stats(self) -> dict[str, int] | None:
         """Counters since the last call (``None`` when all are zero): ``hit_tokens``,
         ``loaded_blocks``/``loaded_bytes``, ``saved_blocks``/``saved_bytes`` (saves started),
-        ``failed_blocks`` (loads that failed)."""
+        ``failed_blocks`` (loads that failed), ``failed_save_blocks`` (saves that failed)."""
         counts = self._worker.take_counts()
         hit_tokens = self._scheduler.take_hit_tokens()
         if hit_tokens:

@@ -13,7 +13,7 @@ import torch
 from capkv.connectors.base import PrefixStoreConnector, require_store_spec
 from capkv.connectors.host_pool import HostPoolIndex
 from capkv.connectors.metadata import BlockMove
-from capkv.connectors.worker import StoreWorker, consecutive_runs
+from capkv.connectors.worker import Landing, StoreWorker, StoredWhenCopied, consecutive_runs
 from capkv.contracts.engine import BlockIds, KVTransferParams, TokenRequest
 from capkv.contracts.spec import KVSpec
 from capkv.errors import ConfigError
@@ -60,11 +60,12 @@ class HostPoolWorker(StoreWorker):
         ]
         return all_of(handles), set()
 
-    def _save(self, copier: BlockCopier, move: BlockMove) -> CopyHandle:
-        return all_of([
+    def _save(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, Landing]:
+        copied = all_of([
             copier.gather(move.group, move.block_ids[i : i + n], self._rows(copier, move.group, slot, n))
             for i, n, slot in consecutive_runs(move.slots)
         ])
+        return copied, StoredWhenCopied(copied)
 
 
 class HostPoolConnector(PrefixStoreConnector):

@@ -4,7 +4,10 @@ Blocks live in one directory, one self-checking file each (see
 :mod:`capkv.connectors.block_file`), written atomically by a background
 thread, so the store survives a process restart and a crash never leaves a
 block that would be read back half-written. The directory *is* the index: a
-block is loadable when its file is there at its full size, whoever wrote it. A
+block is loadable when its file is there at its full size, whoever wrote it.
+A block this connector planned to save is held from then on, so no other
+request saves it again while its file is being written, until the worker
+reports the write landed or failed (a failed one may be saved again). A
 file that fails its checks at load time is reported as a load error and never
 copied into the engine; a damaged one is also removed (a file of another KV
 layout is left for its owner: give each layout its own namespace). The store has no capacity bound.
@@ -31,7 +34,7 @@ from capkv.connectors.block_file import (
 )
 from capkv.connectors.keys import BlockKey
 from capkv.connectors.metadata import BlockMove
-from capkv.connectors.worker import StoreWorker
+from capkv.connectors.worker import Landing, StoreWorker
 from capkv.contracts.engine import BlockIds, KVTransferParams, TokenRequest
 from capkv.contracts.spec import KVSpec
 from capkv.errors import ConfigError
@@ -43,7 +46,11 @@ __all__ = ["FileIndex", "FileStoreConnector", "FileStoreWorker"]
 
 
 class FileIndex:
-    """The scheduler side's view of the directory: a block is there when its file is, at full size."""
+    """The scheduler side's view of the directory: a block is there when its file is, at full size.
+
+    Blocks whose write was planned here and has not been reported over are
+    *pending*: held (not planned again), not loadable.
+    """
 
     def __init__(self, root: Path, spec: KVSpec, *, owner: str) -> None:
         self._root = root
@@ -75,6 +82,9 @@ class FileIndex:
     def commit(self, key: BlockKey, /) -> None:
         self._pending.discard(key)
 
+    def release(self, key: BlockKey, /) -> None:
+        self._pending.discard(key)
+
 
 class FileStoreWorker(StoreWorker):
     """Reads block files into host rows and scatters them; gathers and hands rows to a writer thread."""
@@ -84,9 +94,9 @@ class FileStoreWorker(StoreWorker):
         self._root = root
         self._fingerprints: tuple[bytes, ...] = ()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capkv-file-store")
-        self._writes: list[Future[None]] = []
-        self.write_failures: list[BaseException] = []
-        """Writes that raised (the block is then simply not stored); :meth:`flush` re-raises the first."""
+        self.write_failures: list[Exception] = []
+        """Writes that raised (the block is then not stored, and reported failed), oldest first."""
+        self._raised = 0
 
     def _attached(self, copier: BlockCopier) -> None:
         self._fingerprints = tuple(
@@ -115,38 +125,39 @@ class FileStoreWorker(StoreWorker):
             rows = rows[good]
         return copier.scatter(move.group, [move.block_ids[i] for i in good], rows), failed
 
-    def _save(self, copier: BlockCopier, move: BlockMove) -> CopyHandle:
+    def _save(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, Landing]:
         rows = copier.host_rows(len(move.block_ids), copier.block_nbytes(move.group))
         handle = copier.gather(move.group, move.block_ids, rows)
-        self._writes.append(self._writer.submit(self._write, handle, rows, move))
-        return handle
+        written: Future[tuple[BlockKey, ...]] = self._writer.submit(self._write, handle, rows, move)
+        return handle, written
 
-    def _write(self, handle: CopyHandle, rows: torch.Tensor, move: BlockMove) -> None:
-        handle.wait()
+    def _write(self, handle: CopyHandle, rows: torch.Tensor, move: BlockMove) -> tuple[BlockKey, ...]:
+        """Write each block of ``move`` (on the writer thread); the keys that could not be written."""
+        try:
+            handle.wait()
+        except Exception as error:
+            self.write_failures.append(error)
+            return move.keys
         fingerprint = self._fingerprints[move.group]
+        failed: list[BlockKey] = []
         for index, key in enumerate(move.keys):
-            write_block_file(self._root, key, fingerprint, tensor_memory(rows[index]))
-
-    def finished(self) -> set[str] | None:
-        self._collect(wait=False)
-        return super().finished()
-
-    def _collect(self, *, wait: bool) -> None:
-        pending: list[Future[None]] = []
-        for future in self._writes:
-            if wait or future.done():
-                error = future.exception()
-                if error is not None:
-                    self.write_failures.append(error)
-            else:
-                pending.append(future)
-        self._writes = pending
+            try:
+                write_block_file(self._root, key, fingerprint, tensor_memory(rows[index]))
+            except Exception as error:  # a disk error: this block is not stored, the others may be
+                self.write_failures.append(error)
+                failed.append(key)
+        return tuple(failed)
 
     def flush(self) -> None:
-        """Wait until every started write is on disk; re-raise the first write that failed."""
-        self._collect(wait=True)
-        if self.write_failures:
-            raise self.write_failures[0]
+        """Wait until every started write is over; re-raise the first that failed since the last flush.
+
+        Failed blocks may be saved again later, so an old failure is raised once, not forever.
+        """
+        self._settle(wait=True)
+        failures = self.write_failures[self._raised :]
+        self._raised = len(self.write_failures)
+        if failures:
+            raise failures[0]
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -186,5 +197,5 @@ class FileStoreConnector(PrefixStoreConnector):
         return self._finish(request, block_ids, "request_finished_all_groups")
 
     def flush(self) -> None:
-        """Wait until every started save is on disk."""
+        """Wait until every started save is on disk; re-raise the first write that failed since the last flush."""
         self._files.flush()

@@ -4,7 +4,7 @@ The pool itself (the memory) lives on the worker side; the scheduler decides
 which slot each block goes to and ships the decision in the connector
 metadata, so both sides agree without sharing state. A slot being written is
 *pending*: not loadable and not evictable until the worker reports the save
-done. A slot being read by a load is *pinned*: not evictable until the step
+over (stored: it becomes loadable; failed: the slot is free again). A slot being read by a load is *pinned*: not evictable until the step
 that loads it has run. Everything else is evicted least recently used first.
 Free slots are handed out lowest first, so blocks saved together sit in
 consecutive slots and move in a few batched copies.
@@ -77,6 +77,12 @@ class HostPoolIndex:
         slot = self._pending.pop(key, None)
         if slot is not None:
             self._ready[key] = slot
+
+    def release(self, key: BlockKey) -> None:
+        """The save of ``key`` failed: its slot is free again."""
+        slot = self._pending.pop(key, None)
+        if slot is not None:
+            heapq.heappush(self._free, slot)
 
     def _evict_one(self) -> bool:
         victim = next((key for key in self._ready if key not in self._pins), None)

@@ -1,16 +1,20 @@
-"""What a store connector's scheduler side tells its worker side each step.
+"""What a store connector's two sides tell each other each step.
 
-Plain frozen data, so it would cross a process boundary as it is: the two
-sides share nothing else.
+The scheduler side sends :class:`StoreMetadata` (the step's loads and saves);
+the worker side answers with a :class:`SaveReport` (which saves ended, and
+how) as its worker metadata. Plain frozen data, so it would cross a process
+boundary as it is: the two sides share nothing else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from capkv.connectors.keys import BlockKey
+from capkv.errors import MetadataError
 
-__all__ = ["BlockMove", "StoreMetadata"]
+__all__ = ["BlockMove", "SaveReport", "StoreMetadata"]
 
 
 @dataclass(frozen=True)
@@ -38,3 +42,28 @@ class StoreMetadata:
     """Engine -> store, for finished requests whose blocks are held until the save completes."""
     unavailable: tuple[tuple[int, int], ...] = ()
     """``(group, block_id)`` the scheduler promised but can no longer load: reported as load errors."""
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """Worker -> scheduler: the saves that ended since the last report.
+
+    A save is planned once per key and the key counts as held from then on,
+    so it is not planned twice while it is in flight; the report ends that
+    state, whichever way the save went.
+    """
+
+    stored: frozenset[BlockKey] = frozenset()
+    """Complete in the store: loadable from now on."""
+    failed: frozenset[BlockKey] = frozenset()
+    """Not stored (a disk error, say): the scheduler may plan them again."""
+
+    def aggregate(self, other: Any, /) -> SaveReport:
+        """Merge another worker's report; a key that any worker failed to store counts as failed."""
+        if not isinstance(other, SaveReport):
+            raise MetadataError(
+                f"SaveReport.aggregate: expected another SaveReport, got {other!r}",
+                connector="SaveReport", method="aggregate", value=other,
+            )
+        failed = self.failed | other.failed
+        return SaveReport((self.stored | other.stored) - failed, failed)

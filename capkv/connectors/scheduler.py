@@ -1,8 +1,10 @@
 """The scheduler side of a prefix-keyed store: what to load, what to save, where.
 
-It decides and records; the worker side executes what the metadata says. The
-two share no state, so the pair would work split across processes as well as
-inside one object.
+It decides and records; the worker side executes what the metadata says and
+reports which saves ended (:class:`SaveReport`, its worker metadata). The two
+share no state, so the pair would work split across processes as well as
+inside one object. A key is planned for saving at most once: from the plan
+until the report it is held (never planned again) but not loadable.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from typing import Protocol, runtime_checkable
 
 from capkv.connectors.hits import GroupGeometry, longest_hit
 from capkv.connectors.keys import BlockKey, PrefixHasher, RequestKeys
-from capkv.connectors.metadata import BlockMove, StoreMetadata
+from capkv.connectors.metadata import BlockMove, SaveReport, StoreMetadata
 from capkv.contracts.engine import BlockIds, KVConnectorOutput, TokenRequest
 from capkv.contracts.spec import KVSpec
-from capkv.errors import ContractError
+from capkv.errors import ContractError, MetadataError
 
 __all__ = ["StoreIndex", "StoreScheduler"]
 
@@ -30,7 +32,7 @@ class StoreIndex(Protocol):
         ...
 
     def holds(self, key: BlockKey, /) -> bool:
-        """Stored or being stored (no need to save it again)."""
+        """Stored, or reserved and not yet reported over (no need to save it again)."""
         ...
 
     def touch(self, key: BlockKey, /) -> None:
@@ -44,11 +46,15 @@ class StoreIndex(Protocol):
     def unpin(self, key: BlockKey, /) -> None: ...
 
     def reserve(self, key: BlockKey, /) -> int | None:
-        """A slot to save ``key`` into, or ``None`` when the store has no room."""
+        """A slot to save ``key`` into (``key`` is held from now on), or ``None`` when the store has no room."""
         ...
 
     def commit(self, key: BlockKey, /) -> None:
-        """The save of ``key`` has completed."""
+        """The save of ``key`` has landed: it is loadable."""
+        ...
+
+    def release(self, key: BlockKey, /) -> None:
+        """The save of ``key`` failed: forget the reservation, so it may be saved again."""
         ...
 
 
@@ -71,7 +77,6 @@ class StoreScheduler:
         self._unavailable: list[tuple[int, int]] = []
         self._pinned: list[BlockKey] = []
         self._pinned_by_step: deque[list[BlockKey]] = deque()
-        self._saving: dict[str, list[BlockKey]] = {}
         self.hit_tokens: int = 0
         """Tokens offered and accepted since the last :meth:`take_hit_tokens`."""
 
@@ -186,7 +191,6 @@ class StoreScheduler:
         for group, entries in sorted(planned.items()):
             ids, group_keys, slots = zip(*entries, strict=True)
             self._saves.append(BlockMove(request_id, group, ids, group_keys, slots))
-        self._saving[request_id] = [key for entries in planned.values() for _, key, _ in entries]
         return True
 
     def take_hit_tokens(self) -> int:
@@ -204,13 +208,23 @@ class StoreScheduler:
         return metadata
 
     def output(self, connector_output: KVConnectorOutput) -> None:
-        """A step ran: release its loads' pins; saves reported finished become loadable."""
+        """A step ran: release its loads' pins; saves reported stored become loadable, failed ones saveable."""
         if self._pinned_by_step:
             for key in self._pinned_by_step.popleft():
                 self._index.unpin(key)
-        for request_id in connector_output.finished_sending:
-            for key in self._saving.pop(request_id, ()):
-                self._index.commit(key)
+        report = connector_output.worker_meta
+        if report is None:
+            return
+        if not isinstance(report, SaveReport):
+            method = "update_connector_output"
+            raise MetadataError(
+                f"{self._owner}.{method}: expected SaveReport worker metadata, got {report!r}",
+                connector=self._owner, method=method, value=report,
+            )
+        for key in report.stored:
+            self._index.commit(key)
+        for key in report.failed:
+            self._index.release(key)
 
     # ---- helpers -------------------------------------------------------------------
 

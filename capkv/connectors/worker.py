@@ -4,25 +4,29 @@ Loads run first, in ``start_load_kv``, and the engine's stream is ordered
 after them before any layer computes; saves (of finished requests, whose blocks
 the engine holds) are started right after and never waited for: a request is
 reported in ``get_finished``'s sending set once every copy of its blocks has
-completed, and only then may the engine free them.
+completed, and only then may the engine free them. A save may land in the
+store later than that (a file written in the background): each one's outcome,
+stored or failed, goes back to the scheduler side in the worker metadata.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from capkv.connectors.metadata import BlockMove, StoreMetadata
+from capkv.connectors.keys import BlockKey
+from capkv.connectors.metadata import BlockMove, SaveReport, StoreMetadata
 from capkv.contracts.engine import LoadErrors
 from capkv.contracts.spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.transfer.copier import BlockCopier
 from capkv.transfer.handle import CopyHandle
 
-__all__ = ["StoreWorker", "consecutive_runs"]
+__all__ = ["Landing", "StoreWorker", "StoredWhenCopied", "consecutive_runs"]
 
 
 def consecutive_runs(slots: tuple[int, ...]) -> list[tuple[int, int, int]]:
@@ -36,6 +40,38 @@ def consecutive_runs(slots: tuple[int, ...]) -> list[tuple[int, int, int]]:
     return runs
 
 
+@runtime_checkable
+class Landing(Protocol):
+    """A started save, seen from the store: over once its blocks are stored, or failed to be.
+
+    A ``concurrent.futures.Future`` of the failed keys is one.
+    """
+
+    def done(self) -> bool:
+        """Whether the save is over (never blocks)."""
+        ...
+
+    def result(self) -> Collection[BlockKey]:
+        """Block until the save is over; the keys it did not store."""
+        ...
+
+
+class StoredWhenCopied:
+    """The landing of a store whose copy *is* the store (a host pool): over with the copy, never failed."""
+
+    __slots__ = ("_copy",)
+
+    def __init__(self, copy: CopyHandle) -> None:
+        self._copy = copy
+
+    def done(self) -> bool:
+        return self._copy.done()
+
+    def result(self) -> Collection[BlockKey]:
+        self._copy.wait()
+        return ()
+
+
 class StoreWorker(ABC):
     """Shared worker-side flow; a store supplies how one move is loaded and saved."""
 
@@ -44,6 +80,9 @@ class StoreWorker(ABC):
         self._owner = owner
         self._copier: BlockCopier | None = None
         self._sending: dict[str, list[CopyHandle]] = {}
+        self._landing: list[tuple[BlockMove, Landing]] = []
+        self._stored: set[BlockKey] = set()
+        self._failed: set[BlockKey] = set()
         self._errors: LoadErrors = {}
         self._counts: Counter[str] = Counter()
 
@@ -85,7 +124,9 @@ class StoreWorker(ABC):
             return
         copier = self.copier("start_load_kv")
         for move in metadata.saves:
-            self._sending.setdefault(move.request_id, []).append(self._save(copier, move))
+            copied, landing = self._save(copier, move)
+            self._sending.setdefault(move.request_id, []).append(copied)
+            self._landing.append((move, landing))
             self._counts["saved_blocks"] += len(move.block_ids)
             self._counts["saved_bytes"] += len(move.block_ids) * copier.block_nbytes(move.group)
 
@@ -95,6 +136,28 @@ class StoreWorker(ABC):
         for request_id in done:
             del self._sending[request_id]
         return done or None
+
+    def report(self) -> SaveReport | None:
+        """The saves that ended since the last call, stored or failed (``None`` when none ended)."""
+        self._settle(wait=False)
+        if not self._stored and not self._failed:
+            return None
+        report = SaveReport(frozenset(self._stored), frozenset(self._failed))
+        self._stored, self._failed = set(), set()
+        return report
+
+    def _settle(self, *, wait: bool) -> None:
+        """Move the saves that are over (every save, waiting, when ``wait``) into the next report."""
+        landing: list[tuple[BlockMove, Landing]] = []
+        for move, save in self._landing:
+            if not (wait or save.done()):
+                landing.append((move, save))
+                continue
+            failed = set(save.result())
+            self._failed |= failed
+            self._stored.update(key for key in move.keys if key not in failed)
+            self._counts["failed_save_blocks"] += len(failed)
+        self._landing = landing
 
     def take_counts(self) -> dict[str, int]:
         """Blocks and bytes loaded, saved and failed since the last call (non-zero counters only)."""
@@ -107,10 +170,11 @@ class StoreWorker(ABC):
         return errors
 
     def shutdown(self) -> None:
-        """Let every started copy complete."""
+        """Let every started save complete."""
         for handles in self._sending.values():
             for handle in handles:
                 handle.wait()
+        self._settle(wait=True)
 
     @abstractmethod
     def _attached(self, copier: BlockCopier) -> None:
@@ -121,5 +185,6 @@ class StoreWorker(ABC):
         """Start loading ``move``; its handle and the engine block ids that could not be loaded."""
 
     @abstractmethod
-    def _save(self, copier: BlockCopier, move: BlockMove) -> CopyHandle:
-        """Start saving ``move``; the handle completes when the engine's blocks are no longer read."""
+    def _save(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, Landing]:
+        """Start saving ``move``: a handle that completes when the engine's blocks are no longer
+        read, and the save's landing in the store."""

@@ -43,6 +43,8 @@ class Run:
 
     request: Req
     hit_tokens: int
+    blocks: tuple[list[int], ...] = ()
+    """The request's block ids, per group (for finishing it by hand after ``run(finish=False)``)."""
     loaded: dict[int, list[int]] = field(default_factory=dict)
     """Engine block ids that were loaded into, per group (checked bit-exact)."""
     load_errors: dict[int, set[int]] = field(default_factory=dict)
@@ -177,12 +179,25 @@ class MiniEngine:
                 connector.save_kv_layer(layer, self.caches[layer], None)
         connector.wait_for_save()
         sending, recving = connector.get_finished(set())
+        worker_meta = connector.build_connector_worker_meta()
         connector.clear_connector_metadata()
         connector.update_connector_output(
-            KVConnectorOutput(finished_sending=frozenset(sending or ()), finished_recving=frozenset(recving or ()))
+            KVConnectorOutput(
+                finished_sending=frozenset(sending or ()), finished_recving=frozenset(recving or ()),
+                worker_meta=worker_meta,
+            )
         )
         for request_id in sending or ():
             self._free(self.held.pop(request_id))
+
+    def finish(self, run: Run) -> bool:
+        """Hand a prefilled request to the connector; ``True`` when the engine now holds its blocks."""
+        delay_free, _ = finish_request(self.connector, run.request, run.blocks)
+        if delay_free:
+            self.held[run.request.request_id] = run.blocks
+        else:
+            self._free(run.blocks)
+        return delay_free
 
     def run(self, request_id: str, prompt: list[int], *, finish: bool = True, max_drain_steps: int = 10) -> Run:
         """Prefill ``prompt`` (loading what the connector offers), sample one token, finish."""
@@ -192,7 +207,7 @@ class MiniEngine:
             raise AssertionError(f"unexpected offer {(offered, load_async)}")
         blocks = self._allocate(len(prompt), offered)
         self.connector.update_state_after_alloc(request, blocks, offered)
-        run = Run(request, offered)
+        run = Run(request, offered, blocks)
         restart = [offered]  # like vLLM, recompute from the first block that failed to load
 
         def check_loaded(errors: dict[int, set[int]]) -> None:
@@ -217,11 +232,8 @@ class MiniEngine:
         self._drop_outside_window(blocks, request.num_computed_tokens)
         if not finish:
             return run
-        delay_free, _ = finish_request(self.connector, request, blocks)
-        if not delay_free:
-            self._free(blocks)
+        if not self.finish(run):
             return run
-        self.held[request_id] = blocks
         for steps in range(1, max_drain_steps + 1):
             self.step()
             if request_id not in self.held:
