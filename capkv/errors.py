@@ -60,6 +60,11 @@ class ConflictError(CapkvError):
     KV-cache layouts, finished counts, memory pools, or ``kv_transfer_params`` keys.
     """
 
+    delay_free: bool | None = None
+    """Raised while finishing a request: whether a child had already accepted an
+    asynchronous save, so the engine must keep the request's blocks until it is
+    reported in ``finished_sending`` (``None`` elsewhere)."""
+
 
 class ConfigError(CapkvError, ValueError):
     """A description capkv was given (a KV spec, a stack configuration) is malformed."""

@@ -9,6 +9,7 @@ import torch
 
 from capkv import (
     ConflictError,
+    ContractError,
     KVConnectorOutput,
     MetadataError,
     MultiConnector,
@@ -57,6 +58,41 @@ def test_none_from_any_child_means_ask_again_and_forgets_the_choice() -> None:
     assert [ch.calls[-1][1][2] for ch in (a, b)] == [0, 0], "no child was chosen while a child was still looking"
     b.hit = 0
     assert stack.get_num_new_matched_tokens(R, 0) == (16, False)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "16", True])
+def test_a_childs_hit_must_be_a_token_count(bad: object) -> None:
+    a, b = HMA("a"), HMA("b", hit=bad)  # type: ignore[arg-type]
+    with pytest.raises(ContractError, match=r"#2 HMA.get_num_new_matched_tokens returned .* tokens for 'r1'"):
+        MultiConnector(a, b).get_num_new_matched_tokens(R, 0)
+
+
+def test_finish_errors_say_whether_to_keep_the_blocks() -> None:
+    a, b = HMA("a"), HMA("b")
+    a.delay_free = True
+    a.params, b.params = {"host": "x"}, {"host": "y"}
+    with pytest.raises(ConflictError) as clash:
+        MultiConnector(a, b).request_finished_all_groups(R, ([1],))
+    assert clash.value.delay_free is True
+
+    c, d = HMA("c"), HMA("d")
+    c.delay_free = True
+
+    def broken(request: object, block_ids: object, /) -> tuple[bool, None]:
+        raise OSError("disk gone")
+
+    d.request_finished_all_groups = broken  # type: ignore[method-assign]
+    with pytest.raises(OSError) as failure:
+        MultiConnector(c, d).request_finished_all_groups(R, ([1],))
+    assert any("had already accepted an asynchronous save of 'r1'; keep its blocks" in n for n in failure.value.__notes__)
+
+
+def test_one_connector_cannot_sit_at_two_places() -> None:
+    from capkv import ConfigError
+
+    a = HMA("a")
+    with pytest.raises(ConfigError, match=r'sub-connector #2.2 "HMA" is the same object as #1'):
+        MultiConnector(a, MultiConnector(HMA("b"), a))
 
 
 # ---- saving and finishing ----------------------------------------------------------
@@ -141,23 +177,64 @@ def test_a_transfer_params_key_clash_is_an_error_that_keeps_the_save_count() -> 
 # ---- receiving, errors, events -----------------------------------------------------
 
 
+def load_through(stack: MultiConnector, request: Req = R) -> None:  # type: ignore[type-arg]
+    """Schedule a load of ``request`` the way the engine does (the first child with a hit loads)."""
+    tokens, _ = stack.get_num_new_matched_tokens(request, 0)
+    assert tokens
+    stack.update_state_after_alloc(request, ([1, 2],), tokens)
+
+
 def test_a_receive_is_reported_once_in_the_same_step() -> None:
-    a, b = HMA("a"), HMA("b")
+    a, b = HMA("a", hit=32), HMA("b", hit=32)
     stack = MultiConnector(a, b)
+    load_through(stack)
     a.finished = b.finished = (None, {"r1"})
     assert step(stack) == (None, {"r1"})
 
 
-def test_a_receive_is_reported_once_across_steps_until_the_request_finishes() -> None:
+def test_only_the_loading_childs_receive_counts_across_steps() -> None:
+    a, b = HMA("a", hit=0), HMA("b", hit=32)
+    stack = MultiConnector(a, b)
+    load_through(stack)
+    a.finished = (None, {"r1"})
+    assert step(stack) == (None, None), "child #1 did not load r1: its report is a duplicate"
+    b.finished = (None, {"r1"})
+    assert step(stack) == (None, {"r1"})
+    a.finished = (None, {"r1"})
+    assert step(stack) == (None, None), "a late duplicate after the real report is dropped too"
+
+
+def test_a_request_loaded_again_after_preemption_is_reported_again() -> None:
+    a, b = HMA("a", hit=32), HMA("b", hit=32)
+    stack = MultiConnector(a, b)
+    load_through(stack)
+    a.finished = (None, {"r1"})
+    assert step(stack) == (None, {"r1"})
+    load_through(stack)  # preempted, then loaded again
+    a.finished = b.finished = (None, {"r1"})
+    assert step(stack) == (None, {"r1"})
+
+
+def test_an_unannounced_receive_is_reported_once_per_step() -> None:
     a, b = HMA("a"), HMA("b")
     stack = MultiConnector(a, b)
-    a.finished = (None, {"r1", "r2"})
-    assert step(stack) == (None, {"r1", "r2"})
-    b.finished = (None, {"r1"})
-    assert step(stack) == (None, None)
-    step(stack, finished={"r1"})
-    b.finished = (None, {"r1"})
-    assert step(stack) == (None, {"r1"}), "after the request finished its id is forgotten"
+    a.finished = b.finished = (None, {"r9"})
+    assert step(stack) == (None, {"r9"})
+
+
+@pytest.mark.parametrize("bad", [["r1"], "r1", ("r1",)])
+def test_request_ids_must_come_as_sets(bad: object) -> None:
+    a = HMA("a")
+    a.finished = (None, bad)  # type: ignore[assignment]
+    with pytest.raises(ContractError, match=r"#1 HMA.get_finished reported request ids as"):
+        step(MultiConnector(a))
+
+
+def test_a_flat_set_of_load_errors_is_refused_with_the_per_group_shape() -> None:
+    a = HMA("a")
+    a.load_errors = {3, 4}  # type: ignore[assignment]
+    with pytest.raises(ContractError, match=r"#1 HMA.get_block_ids_with_load_errors returned set .*per KV-cache group"):
+        MultiConnector(a).get_block_ids_with_load_errors()
 
 
 def test_load_errors_are_kept_per_group() -> None:

@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from capkv import devmode
+
 from capkv import (
     CapabilityError,
+    CapkvError,
+    ConfigError,
+    ContractError,
     ConflictError,
     KVGroupSpec,
     KVSpec,
@@ -85,13 +90,32 @@ def test_finish_with_one_group_uses_the_single_group_method() -> None:
     assert a.calls == [("request_finished", (Req("r"), [4, 5]))]
 
 
-@pytest.mark.parametrize("block_ids", [([1], [2]), ([1], [2], [3]), ()])
+@pytest.mark.parametrize("block_ids", [([1], [2]), ([1], [2], [3])])
 def test_finish_never_truncates_to_group_zero(block_ids: tuple[list[int], ...]) -> None:
     a, b = HMA(), Plain()
     with pytest.raises(CapabilityError, match=r'sub-connector #2 "Plain" does not implement SupportsHMA') as info:
         finish_request(MultiConnector(a, b), Req("r"), block_ids)
     assert info.value.value == len(block_ids) and info.value.method == "finish_request"
     assert a.calls == b.calls == [], "no child saw a partial request"
+
+
+@pytest.mark.parametrize("block_ids", [(), [5, 6], [[5, 6]], ([1], (2,)), "ids", ([1], None)])
+@pytest.mark.parametrize("connector", [HMA, Plain])
+def test_finish_refuses_block_ids_that_are_not_one_list_per_group(connector: type[Plain], block_ids: object) -> None:
+    child = connector()
+    with pytest.raises(ContractError, match="block_ids") as info:
+        finish_request(child, Req("r"), block_ids)  # type: ignore[arg-type]
+    if not devmode.types_checked():  # in dev mode beartype refuses it first, by capkv's type hints
+        assert str(info.value).startswith(f'finish_request("{connector.__name__}"): block_ids must be a non-empty tuple')
+        assert info.value.value is block_ids and info.value.method == "finish_request"
+    assert child.calls == [], "nothing reached the connector"
+
+
+@pytest.mark.parametrize("config", [object(), None, {"kv_cache_groups": 2}, 0, -3, True, KVCacheConfig([])])
+def test_check_stack_refuses_what_is_not_a_kv_cache_config(config: object) -> None:
+    refusal = ConfigError if not devmode.types_checked() or isinstance(config, (int, KVCacheConfig)) else CapkvError
+    with pytest.raises(refusal):
+        check_stack(HMA(), config)  # type: ignore[arg-type]
 
 
 def test_refusals_survive_python_O(tmp_path: Path) -> None:
@@ -121,8 +145,6 @@ def test_refusals_survive_python_O(tmp_path: Path) -> None:
 
 
 def test_kv_spec_rejects_impossible_shapes() -> None:
-    from capkv import ConfigError
-
     with pytest.raises(ConfigError, match="null_block_id 8 is outside the pool"):
         KVSpec(num_groups=1, num_blocks=8, null_block_id=8)
     with pytest.raises(ConfigError, match="2 group specs given for num_groups=1"):

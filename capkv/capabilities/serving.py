@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
 from capkv.capabilities.hma import describe, explain_not_hma, non_hma_children, supports_hma
-from capkv.contracts.connector import KV_CONNECTOR_MEMBERS, KVConnector, RequestT
+from capkv.contracts.connector import KVConnector, RequestT, missing_members
 from capkv.contracts.engine import BlockIds, KVTransferParams
 from capkv.contracts.spec import KVSpec
-from capkv.errors import CapabilityError
+from capkv.errors import CapabilityError, ConfigError, ContractError
 
 __all__ = ["KVCacheConfigLike", "check_stack", "finish_request", "num_kv_cache_groups", "require_hma"]
 
@@ -29,12 +29,27 @@ class KVCacheConfigLike(Protocol):
 
 
 def num_kv_cache_groups(kv_cache_config: KVCacheConfigLike | KVSpec | int) -> int:
-    """How many KV-cache groups a configuration describes."""
-    if isinstance(kv_cache_config, KVSpec):
-        return kv_cache_config.num_groups
-    if isinstance(kv_cache_config, int):
-        return kv_cache_config
-    return len(kv_cache_config.kv_cache_groups)
+    """How many KV-cache groups a configuration describes (at least one)."""
+    given: object = kv_cache_config
+    if isinstance(given, KVSpec):
+        return given.num_groups
+    if isinstance(given, int) and not isinstance(given, bool):
+        count = given
+    else:
+        groups = getattr(given, "kv_cache_groups", None)
+        if not isinstance(groups, Sequence):
+            raise ConfigError(
+                f"expected a KV-cache config (with a kv_cache_groups sequence), a KVSpec or a group "
+                f"count, got {type(given).__name__} {given!r}",
+                method="check_stack",
+                value=given,
+            )
+        count = len(cast("Sequence[object]", groups))
+    if count < 1:
+        raise ConfigError(
+            f"a KV cache has at least one group, got {count}", method="check_stack", value=given
+        )
+    return count
 
 
 def check_stack(
@@ -48,7 +63,7 @@ def check_stack(
     :class:`~capkv.ConflictError`, rather than mid-serving.
     """
     num_groups = num_kv_cache_groups(kv_cache_config)
-    missing = _missing_members(connector)
+    missing = missing_members(connector)
     if missing:
         raise CapabilityError(
             f'"{describe(connector)}" is not a KVConnector (missing {", ".join(missing)})',
@@ -88,8 +103,12 @@ def finish_request(
 
     HMA-capable connectors get every group; others get the single group when
     there is exactly one. Anything else is a :class:`~capkv.CapabilityError`:
-    handing only group 0 would store or free the wrong KV.
+    handing only group 0 would store or free the wrong KV. ``block_ids`` must be
+    a non-empty tuple of lists (vLLM's old flat ``list[int]`` is refused with a
+    :class:`~capkv.ContractError`, not passed on); checking the shape costs one
+    step per group, the ids themselves are checked in dev mode.
     """
+    _check_groups_shape(connector, block_ids)
     if supports_hma(connector):
         hma: Any = connector
         result: tuple[bool, KVTransferParams | None] = hma.request_finished_all_groups(
@@ -109,5 +128,20 @@ def finish_request(
     )
 
 
-def _missing_members(obj: object) -> list[str]:
-    return [name for name in KV_CONNECTOR_MEMBERS if not callable(getattr(obj, name, None))]
+def _check_groups_shape(connector: object, block_ids: object) -> None:
+    if _is_one_list_per_group(block_ids):
+        return
+    raise ContractError(
+        f'finish_request("{describe(connector)}"): block_ids must be a non-empty tuple with one list '
+        f"of block ids per KV-cache group, got {type(block_ids).__name__} {block_ids!r}",
+        connector=describe(connector),
+        method="finish_request",
+        value=block_ids,
+    )
+
+
+def _is_one_list_per_group(block_ids: object) -> bool:
+    if type(block_ids) is not tuple:
+        return False
+    groups = cast("tuple[object, ...]", block_ids)
+    return bool(groups) and all(isinstance(group, list) for group in groups)

@@ -3,14 +3,15 @@
 Two field failures live here: blocks freed while a second saving child still
 read them (data corruption), and a receive reported twice by two children
 (a dead engine). :class:`SendCountdown` reports a send finished only when the
-*last* saving child does; :class:`ReceiveOnce` reports each receive once.
+*last* saving child does; :class:`ReceiveFromLoader` reports a receive when the
+child that loads it does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-__all__ = ["ReceiveOnce", "SendCountdown"]
+__all__ = ["ReceiveFromLoader", "SendCountdown"]
 
 
 class SendCountdown:
@@ -43,21 +44,41 @@ class SendCountdown:
         return dict(self._owed)
 
 
-class ReceiveOnce:
-    """Reports each finished receive once, however many children (or steps) report it.
+class ReceiveFromLoader:
+    """Reports a finished receive when the child that was chosen to load reports it.
 
-    A request id is remembered until the engine says the request finished, after
-    which no child can legitimately receive for it again.
+    The scheduler side chose one child per load and said which in the metadata
+    (:meth:`expect`); a receive reported by any other child for that load — in
+    the same step or later — is a duplicate and dropped. A request loaded again
+    (after a preemption) is announced again and reported again. A receive nobody
+    announced (an engine that bypasses the metadata) is reported once per step.
+    Requests are forgotten when the engine says they finished.
     """
 
-    __slots__ = ("_reported",)
+    __slots__ = ("_loaders", "_received")
 
     def __init__(self) -> None:
-        self._reported: set[str] = set()
+        self._loaders: dict[str, int] = {}
+        self._received: set[str] = set()
 
-    def first_reports(self, recving: set[str], finished_req_ids: Iterable[str]) -> set[str]:
-        """The ids in ``recving`` not reported before; then forget requests that finished."""
-        fresh = recving - self._reported
-        self._reported |= fresh
-        self._reported.difference_update(finished_req_ids)
-        return fresh
+    def expect(self, loaders: Mapping[str, int]) -> None:
+        """Loads the scheduler side started: request id -> index of the loading child."""
+        self._loaders.update(loaders)
+        self._received.difference_update(loaders)
+
+    def reports(self, by_child: list[set[str]], finished_req_ids: Iterable[str]) -> set[str]:
+        """The receives to report, from each child's reports (in child order), this step."""
+        reported: set[str] = set()
+        for index, recving in enumerate(by_child):
+            for request_id in recving:
+                loader = self._loaders.get(request_id)
+                if loader == index:
+                    del self._loaders[request_id]
+                    self._received.add(request_id)
+                    reported.add(request_id)
+                elif loader is None and request_id not in self._received:
+                    reported.add(request_id)
+        for request_id in finished_req_ids:
+            self._loaders.pop(request_id, None)
+            self._received.discard(request_id)
+        return reported

@@ -19,10 +19,13 @@ __all__ = ["MultiConnectorMetadata", "MultiWorkerMetadata"]
 
 @dataclass(frozen=True)
 class MultiConnectorMetadata:
-    """Scheduler → worker: each child's metadata plus the composite's save counts."""
+    """Scheduler → worker: each child's metadata plus the composite's own bookkeeping."""
 
     children: tuple[object, ...]
     extra_async_saves: dict[str, int] = field(default_factory=lambda: dict[str, int]())
+    """Finished requests saved by several children: reports owed beyond the first."""
+    loaders: dict[str, int] = field(default_factory=lambda: dict[str, int]())
+    """Loads started this step: request id -> index of the child that loads it."""
 
 
 @dataclass(frozen=True)

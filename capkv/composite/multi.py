@@ -32,9 +32,9 @@ from typing_extensions import TypeVar, TypeVarTuple, Unpack
 from capkv.capabilities.facts import StaticFact
 from capkv.capabilities.hma import StackNode, describe, explain_not_hma, non_hma_children, supports_hma
 from capkv.composite.agreement import agreed_finished_count, agreed_layout, child_label, piecewise_needed
-from capkv.composite.completion import ReceiveOnce, SendCountdown
+from capkv.composite.completion import ReceiveFromLoader, SendCountdown
 from capkv.composite.metadata import MultiConnectorMetadata, MultiWorkerMetadata
-from capkv.contracts.connector import KV_CONNECTOR_MEMBERS, HMAConnector, KVConnector
+from capkv.contracts.connector import HMAConnector, KVConnector, missing_members
 from capkv.contracts.engine import (
     AttentionMetadata,
     BlockIds,
@@ -47,7 +47,7 @@ from capkv.contracts.engine import (
     Request,
     SchedulerOutput,
 )
-from capkv.errors import CapabilityError, ConflictError, MetadataError
+from capkv.errors import CapabilityError, ConfigError, ConflictError, ContractError, MetadataError
 
 __all__ = ["HMAMultiConnector", "MultiConnector", "answers_by_agreement", "stack_class"]
 
@@ -83,7 +83,8 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         "_load_child",
         "_extra_async_saves",
         "_send_countdown",
-        "_receive_once",
+        "_loads_started",
+        "_receives",
         "_single_finishers",
         "_hma_finishers",
     )
@@ -93,7 +94,8 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
     _load_child: dict[str, int]
     _extra_async_saves: dict[str, int]
     _send_countdown: SendCountdown
-    _receive_once: ReceiveOnce
+    _loads_started: dict[str, int]
+    _receives: ReceiveFromLoader
     _single_finishers: tuple[_Finisher, ...]
     _hma_finishers: tuple[_Finisher, ...]
 
@@ -149,7 +151,7 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
                 value=children,
             )
         for position, child in enumerate(children, start=1):
-            missing = [name for name in KV_CONNECTOR_MEMBERS if not callable(getattr(child, name, None))]
+            missing = missing_members(child)
             if missing:
                 raise CapabilityError(
                     f'{cls.__name__}: sub-connector #{position} "{describe(child)}" is not a '
@@ -158,6 +160,7 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
                     method="__new__",
                     value=child,
                 )
+        _refuse_shared_children(cls.__name__, children)
         hma = all(supports_hma(child) for child in children)
         if not hma and issubclass(cls, HMAMultiConnector):
             offenders = explain_not_hma(non_hma_children(_Children(children)))
@@ -174,7 +177,8 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         self._load_child = {}
         self._extra_async_saves = {}
         self._send_countdown = SendCountdown()
-        self._receive_once = ReceiveOnce()
+        self._loads_started = {}
+        self._receives = ReceiveFromLoader()
         self._single_finishers = tuple(c.request_finished for c in self._children)
         self._hma_finishers = (
             tuple(getattr(c, "request_finished_all_groups") for c in children) if hma else ()
@@ -211,6 +215,14 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         chosen: tuple[int, bool] = (0, False)
         for index, child in enumerate(self._children):
             tokens, load_async = child.get_num_new_matched_tokens(request, num_computed_tokens)
+            if tokens is not None and (type(tokens) is not int or tokens < 0):
+                raise ContractError(
+                    f"{self._names[index]}.get_num_new_matched_tokens returned {tokens!r} tokens for "
+                    f"{request_id!r}; expected a non-negative int, or None to be asked again",
+                    connector=self._names[index],
+                    method="get_num_new_matched_tokens",
+                    value=tokens,
+                )
             if tokens is None:
                 self._load_child.pop(request_id, None)
                 return None, False
@@ -224,18 +236,22 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
     ) -> None:
         """The loading child gets the external token count; the others get the blocks and 0."""
         loader = self._load_child.get(request.request_id, -1)
+        if loader >= 0 and num_external_tokens > 0:
+            self._loads_started[request.request_id] = loader
         for index, child in enumerate(self._children):
             child.update_state_after_alloc(
                 request, blocks, num_external_tokens if index == loader else 0
             )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> MultiConnectorMetadata:
-        """Children's metadata in order, plus the save counts the worker side must wait for."""
+        """Children's metadata in order, plus what the worker side must know: save counts, loaders."""
         metadata = MultiConnectorMetadata(
             tuple(child.build_connector_meta(scheduler_output) for child in self._children),
             self._extra_async_saves,
+            self._loads_started,
         )
         self._extra_async_saves = {}
+        self._loads_started = {}
         return metadata
 
     def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
@@ -264,9 +280,11 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
 
         The blocks stay allocated until every child that saves asynchronously has
         reported; the extra count travels to the worker side in the next metadata.
-        Even when a child raises or params clash, the saves already accepted are
-        recorded first, so no block is released under a running copy. (This is a
-        per-request hot path: the common case touches no dict but the bookkeeping.)
+        When a child raises or params clash, the saves already accepted are still
+        recorded, and the error says whether the engine must keep the blocks
+        (``ConflictError.delay_free``, or a note on a child's own exception) — an
+        engine that frees them anyway would free them under a running copy.
+        (A per-request hot path: the common case touches no dict but the bookkeeping.)
         """
         async_saves = 0
         returned: list[tuple[_Finisher, KVTransferParams]] | None = None
@@ -280,6 +298,14 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
                         returned = [(finish, params)]
                     else:
                         returned.append((finish, params))
+        except Exception as exc:
+            if async_saves:
+                exc.add_note(
+                    f"{type(self).__name__}.{method}: {async_saves} sub-connector(s) had already accepted "
+                    f"an asynchronous save of {request.request_id!r}; keep its blocks until it is "
+                    "reported in finished_sending"
+                )
+            raise
         finally:
             if async_saves > 1:
                 self._extra_async_saves[request.request_id] = async_saves - 1
@@ -287,7 +313,11 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
                 self._load_child.pop(request.request_id, None)
         if returned is None:
             return async_saves > 0, None
-        return async_saves > 0, self._merge_params(returned, finishers, method)
+        try:
+            return async_saves > 0, self._merge_params(returned, finishers, method)
+        except ConflictError as exc:
+            exc.delay_free = async_saves > 0
+            raise
 
     def _merge_params(
         self,
@@ -346,6 +376,7 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
         """Bind each child's share; take over the save counts the scheduler side sent."""
         metadata = self._expect(connector_metadata, MultiConnectorMetadata, "bind_connector_metadata")
         self._send_countdown.expect(metadata.extra_async_saves)
+        self._receives.expect(metadata.loaders)
         for child, meta in zip(self._children, metadata.children, strict=True):
             child.bind_connector_metadata(meta)
 
@@ -379,23 +410,28 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
     def get_finished(
         self, finished_req_ids: set[str], /
     ) -> tuple[set[str] | None, set[str] | None]:
-        """A send is finished when its last saving child says so; a receive is reported once."""
+        """A send is finished when its last saving child says so; a receive when its loader does."""
         sending: set[str] = set()
-        recving: set[str] = set()
-        for child in self._children:
+        recving_by_child: list[set[str]] = []
+        for index, child in enumerate(self._children):
             child_sending, child_recving = child.get_finished(finished_req_ids)
             if child_sending:
+                self._expect_ids(index, "get_finished", child_sending)
                 sending.update(r for r in child_sending if self._send_countdown.report(r))
             if child_recving:
-                recving |= child_recving
-        recving = self._receive_once.first_reports(recving, finished_req_ids)
+                self._expect_ids(index, "get_finished", child_recving)
+                recving_by_child.append(child_recving)
+            else:
+                recving_by_child.append(set())
+        recving = self._receives.reports(recving_by_child, finished_req_ids)
         return sending or None, recving or None
 
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         """The union of the children's failed block ids, group by group."""
         errors: LoadErrors = {}
-        for child in self._children:
-            for group, block_ids in child.get_block_ids_with_load_errors().items():
+        for index, child in enumerate(self._children):
+            reported = self._per_group(index, child.get_block_ids_with_load_errors())
+            for group, block_ids in reported.items():
                 if block_ids:
                     errors.setdefault(group, set()).update(block_ids)
         return errors
@@ -455,6 +491,30 @@ class MultiConnector(StackNode, Generic[Unpack[_Ts]]):
 
     # ---- helpers -------------------------------------------------------------------
 
+    def _per_group(self, index: int, reported: object) -> LoadErrors:
+        """A child's load errors must be per group (vLLM's flat set is ambiguous with several groups)."""
+        if not isinstance(reported, Mapping):
+            raise ContractError(
+                f"{self._names[index]}.get_block_ids_with_load_errors returned "
+                f"{type(reported).__name__} {reported!r}; capkv reports failed block ids per "
+                "KV-cache group: {group index: set of block ids}",
+                connector=self._names[index],
+                method="get_block_ids_with_load_errors",
+                value=reported,
+            )
+        return cast("LoadErrors", reported)
+
+    def _expect_ids(self, index: int, method: str, ids: object) -> None:
+        """A child's request-id report must be a set (a string or list is a porting slip)."""
+        if not isinstance(ids, (set, frozenset)):
+            raise ContractError(
+                f"{self._names[index]}.{method} reported request ids as "
+                f"{type(ids).__name__} {ids!r}; expected a set of request ids (or None)",
+                connector=self._names[index],
+                method=method,
+                value=ids,
+            )
+
     def _expect(self, metadata: object, kind: type[_M], method: str) -> _M:
         """``metadata`` as the composite's own kind, or a :class:`~capkv.MetadataError`."""
         if not isinstance(metadata, kind) or len(metadata.children) != len(self._children):
@@ -491,6 +551,29 @@ class _Children(StackNode):
     @property
     def children(self) -> tuple[object, ...]:
         return self._items
+
+
+def _refuse_shared_children(stack: str, children: tuple[object, ...]) -> None:
+    """One connector object may sit at one place in a stack only.
+
+    Its per-step state (bound metadata, planned saves) would be overwritten by
+    its second position's calls, and the blocks it was to release would leak.
+    """
+    seen: dict[int, str] = {}
+    pending: list[tuple[str, object]] = [(f"#{i}", c) for i, c in enumerate(children, start=1)]
+    while pending:
+        position, node = pending.pop(0)
+        first = seen.setdefault(id(node), position)
+        if first != position:
+            raise ConfigError(
+                f'{stack}: sub-connector {position} "{describe(node)}" is the same object as {first}; '
+                "give each position its own connector",
+                connector=f"{position} {describe(node)}",
+                method="__new__",
+                value=node,
+            )
+        if isinstance(node, StackNode):
+            pending += [(f"{position}.{i}", c) for i, c in enumerate(node.children, start=1)]
 
 
 _HMA_VARIANTS: dict[type[Any], type[Any]] = {}

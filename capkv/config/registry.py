@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
-from capkv.contracts.connector import KV_CONNECTOR_MEMBERS
+from capkv.contracts.connector import missing_members
 from capkv.errors import ConfigError
 
 __all__ = [
@@ -179,7 +179,7 @@ def _require_connector_class(obj: object, name: str) -> type[Any]:
             method="resolve",
             value=obj,
         )
-    missing = [member for member in KV_CONNECTOR_MEMBERS if not callable(getattr(obj, member, None))]
+    missing = missing_members(obj)
     if missing:
         raise ConfigError(
             f'connector "{name}" ({obj.__qualname__}) is not a KVConnector class '

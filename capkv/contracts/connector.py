@@ -34,7 +34,7 @@ from capkv.contracts.engine import (
     WorkerMetadata,
 )
 
-__all__ = ["KV_CONNECTOR_MEMBERS", "HMAConnector", "KVConnector", "RequestT", "SupportsHMA"]
+__all__ = ["KV_CONNECTOR_MEMBERS", "HMAConnector", "KVConnector", "RequestT", "SupportsHMA", "missing_members"]
 
 RequestT = TypeVar("RequestT", bound=Request, contravariant=True, default=Any)
 """The request type a connector accepts; ``Any`` when unspecified."""
@@ -174,6 +174,15 @@ KV_CONNECTOR_MEMBERS: tuple[str, ...] = tuple(
     name for name, value in vars(KVConnector).items() if callable(value) and not name.startswith("_")
 )
 """Every member of the :class:`KVConnector` contract, in declaration order."""
+
+
+def missing_members(obj: object) -> list[str]:
+    """The contract's members that ``obj`` (an instance or a class) lacks: empty for a connector.
+
+    A structural answer with the member names, which ``isinstance(obj, KVConnector)``
+    cannot give, so every refusal can say what is missing.
+    """
+    return [name for name in KV_CONNECTOR_MEMBERS if not callable(getattr(obj, name, None))]
 
 
 @runtime_checkable
