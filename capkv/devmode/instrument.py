@@ -7,7 +7,13 @@ it returns a proxy whose transfer calls are checked against the engine's
 
 - ``update_state_after_alloc`` and ``request_finished_all_groups``: block-id groups;
 - ``request_finished``: one group's ids, and only when the cache has one group;
-- ``register_kv_caches`` and ``save_kv_layer``: KV tensor shape, dtype and device.
+- ``register_kv_caches`` and ``save_kv_layer``: KV tensor shape, dtype and device
+  (and ``register_kv_caches`` gets every layer the spec names, and no other).
+
+A checked method takes its arguments exactly as the connector's own method
+does: a call is bound against the connector's signature (read once, when
+instrumenting), so a keyword call the connector accepts is checked like a
+positional one, and a call the connector refuses fails with its own error.
 
 Everything else is the connector's own: other attributes are looked up on it
 (and set on it), and ``isinstance`` sees its class. The proxy keeps the
@@ -20,7 +26,9 @@ engine's calls are checked at the top and each child's where the composite makes
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any, TypeVar, cast
 
 from beartype import beartype
@@ -137,54 +145,122 @@ def _beartyped(func: _Method, **hints: object) -> _Method:
     return beartype(func)
 
 
-def _update_state_after_alloc(method: _Method, spec: KVSpec, label: str) -> _Method:
-    def update_state_after_alloc(self: object, request: object, blocks: object, num_external_tokens: object, /) -> Any:
-        return method(request, blocks, num_external_tokens)
-
-    hint = block_groups_hint(spec, connector=label, method="update_state_after_alloc", subject="blocks")
-    return _beartyped(update_state_after_alloc, blocks=hint)
+_Hint = Callable[[KVSpec, str, str], object]
+"""Builds a contract's beartype hint from the spec, the connector's label and the method name."""
 
 
-def _request_finished_all_groups(method: _Method, spec: KVSpec, label: str) -> _Method:
-    def request_finished_all_groups(self: object, request: object, block_ids: object, /) -> Any:
-        return method(request, block_ids)
+def _checked(
+    name: str, params: tuple[str, ...], checked: tuple[int, ...], hint: _Hint
+) -> Callable[[_Method, KVSpec, str], _Method]:
+    """How to build method ``name``, checked: its contract takes ``params`` and checks those at ``checked``.
 
-    hint = block_groups_hint(spec, connector=label, method="request_finished_all_groups")
-    return _beartyped(request_finished_all_groups, block_ids=hint)
+    The checked value is the argument at the one position, or the tuple of
+    arguments at several (a KV tensor is checked with its layer name).
+    """
+    arity = len(params)
+    pick = cast("Callable[[Sequence[object]], object]", itemgetter(*checked))
+
+    def build(method: _Method, spec: KVSpec, label: str) -> _Method:
+        def check(value: object, /) -> None:
+            """The check alone, as a function, so that beartype judges ``value`` against the hint."""
+
+        gate = _beartyped(check, value=hint(spec, label, name))
+        arguments = _Arguments(method, params)
+        positional = arguments.take_positional
+
+        def checked_method(self: object, /, *args: Any, **kwargs: Any) -> Any:
+            if positional and not kwargs and len(args) == arity:  # how engines call: no binding needed
+                gate(pick(args))
+            else:
+                found = arguments.find(args, kwargs)
+                if found is not None:
+                    gate(pick(found))
+            return method(*args, **kwargs)
+
+        checked_method.__name__ = checked_method.__qualname__ = name
+        checked_method.__doc__ = getattr(method, "__doc__", None)
+        return checked_method
+
+    return build
 
 
-def _request_finished(method: _Method, spec: KVSpec, label: str) -> _Method:
-    def request_finished(self: object, request: object, block_ids: object, /) -> Any:
-        return method(request, block_ids)
+class _Arguments:
+    """Finds a call's contract arguments as the connector's own method will receive them.
 
-    return _beartyped(request_finished, block_ids=single_group_hint(spec, connector=label, method="request_finished"))
+    A call is bound against the method's signature (read once, here), so that
+    a keyword call the connector accepts is checked like a positional one, and
+    a call it refuses reaches it unchecked — to fail there, as without dev mode.
+    """
+
+    __slots__ = ("_declared", "_params", "_signature", "take_positional")
+
+    def __init__(self, method: _Method, params: tuple[str, ...]) -> None:
+        try:
+            signature = inspect.signature(method)
+        except (TypeError, ValueError):  # none to read (some builtins): assume the contract's, by position or name
+            signature = inspect.Signature([
+                *(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in params),
+                inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+            ])
+        self._signature = signature
+        self._params = params
+        self._declared = [
+            name for name, parameter in signature.parameters.items()
+            if parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        ]
+        self.take_positional = self._binds(*params)
+        """Whether the method takes the contract's arguments by position, as engines pass them."""
+
+    def _binds(self, *args: object) -> bool:
+        try:
+            self._signature.bind(*args)
+        except TypeError:
+            return False
+        return True
+
+    def find(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[object, ...] | None:
+        """The contract's arguments in contract order; ``None`` if the call does not bind or leaves one out."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()  # the connector sees a default as if it were passed
+        found = list(bound.args[: len(self._params)])
+        for index in range(len(found), len(self._params)):
+            if index < len(self._declared):  # keyword-only in the connector's signature
+                found.append(bound.arguments[self._declared[index]])
+            elif self._params[index] in bound.kwargs:  # taken by **kwargs under the contract's name
+                found.append(bound.kwargs[self._params[index]])
+            else:
+                return None
+        return tuple(found)
 
 
-def _register_kv_caches(method: _Method, spec: KVSpec, label: str) -> _Method:
-    def register_kv_caches(self: object, kv_caches: object, /) -> Any:
-        return method(kv_caches)
-
-    return _beartyped(register_kv_caches, kv_caches=kv_caches_hint(spec, connector=label, method="register_kv_caches"))
-
-
-def _save_kv_layer(method: _Method, spec: KVSpec, label: str) -> _Method:
-    def check(layer: object, /) -> None:
-        """The tensor's shape depends on the layer, so the contract sees them as a pair."""
-
-    gate = _beartyped(check, layer=kv_layer_hint(spec, connector=label, method="save_kv_layer"))
-
-    def save_kv_layer(self: object, layer_name: object, kv_layer: object, attn_metadata: object, **kwargs: Any) -> Any:
-        gate((layer_name, kv_layer))
-        return method(layer_name, kv_layer, attn_metadata, **kwargs)
-
-    return save_kv_layer
-
+_CONTRACTS: dict[str, tuple[tuple[str, ...], tuple[int, ...], _Hint]] = {
+    "update_state_after_alloc": (
+        ("request", "blocks", "num_external_tokens"), (1,),
+        lambda spec, label, method: block_groups_hint(spec, connector=label, method=method, subject="blocks"),
+    ),
+    "request_finished": (
+        ("request", "block_ids"), (1,),
+        lambda spec, label, method: single_group_hint(spec, connector=label, method=method),
+    ),
+    "request_finished_all_groups": (
+        ("request", "block_ids"), (1,),
+        lambda spec, label, method: block_groups_hint(spec, connector=label, method=method),
+    ),
+    "register_kv_caches": (
+        ("kv_caches",), (0,),
+        lambda spec, label, method: kv_caches_hint(spec, connector=label, method=method),
+    ),
+    "save_kv_layer": (  # the tensor's shape depends on the layer, so the contract sees them as a pair
+        ("layer_name", "kv_layer", "attn_metadata"), (0, 1),
+        lambda spec, label, method: kv_layer_hint(spec, connector=label, method=method),
+    ),
+}
+"""Each checked method's contract: its parameters (vLLM's names, in order), the positions checked, the hint."""
 
 CHECKED_METHODS: dict[str, Callable[[_Method, KVSpec, str], _Method]] = {
-    "update_state_after_alloc": _update_state_after_alloc,
-    "request_finished": _request_finished,
-    "request_finished_all_groups": _request_finished_all_groups,
-    "register_kv_caches": _register_kv_caches,
-    "save_kv_layer": _save_kv_layer,
+    name: _checked(name, *contract) for name, contract in _CONTRACTS.items()
 }
 """The transfer calls :func:`instrument` checks, and how it builds each checked method."""

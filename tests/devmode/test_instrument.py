@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import pytest
 import torch
@@ -167,3 +168,154 @@ def test_what_cannot_be_instrumented(dev: bool) -> None:
     assert (info.value.connector, info.value.method) == ("Opaque", "instrument")
     with pytest.raises(ConfigError, match="needs a connector instance, got the class HMA"):
         instrument(HMA, SPEC)  # type: ignore[type-var]
+
+
+class OpenPlain:
+    """A connector written vLLM-style: ordinary parameters, so a caller may pass any of them by keyword."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, tuple[object, ...]]] = []
+
+    def update_state_after_alloc(self, request: object, blocks: object, num_external_tokens: object) -> None:
+        self.seen.append(("update_state_after_alloc", (request, blocks, num_external_tokens)))
+
+    def request_finished(self, request: object, block_ids: object) -> tuple[bool, None]:
+        self.seen.append(("request_finished", (request, block_ids)))
+        return False, None
+
+    def register_kv_caches(self, kv_caches: object) -> None:
+        self.seen.append(("register_kv_caches", (kv_caches,)))
+
+    def save_kv_layer(self, layer_name: object, kv_layer: object, attn_metadata: object, **kwargs: Any) -> None:
+        self.seen.append(("save_kv_layer", (layer_name, kv_layer, attn_metadata)))
+
+
+class OpenHMA(OpenPlain):
+    def request_finished_all_groups(self, request: object, block_ids: object) -> tuple[bool, None]:
+        self.seen.append(("request_finished_all_groups", (request, block_ids)))
+        return False, None
+
+
+LAYERS = KVSpec(num_groups=1, num_blocks=4, groups=(capkv.KVGroupSpec(layer_names=("a",), kv_shape=(4, 2)),))
+KV = torch.zeros(4, 2)
+PARAMETERS = {
+    "update_state_after_alloc": ("request", "blocks", "num_external_tokens"),
+    "request_finished": ("request", "block_ids"),
+    "request_finished_all_groups": ("request", "block_ids"),
+    "register_kv_caches": ("kv_caches",),
+    "save_kv_layer": ("layer_name", "kv_layer", "attn_metadata"),
+}
+CALLS: dict[str, tuple[KVSpec, tuple[object, ...], tuple[object, ...]]] = {  # method: spec, a good call, a bad one
+    "update_state_after_alloc": (SPEC, (Req("r"), ([1], [0, 0]), 0), (Req("r"), ([1], [16]), 0)),
+    "request_finished": (ONE_GROUP, (Req("r"), [3]), (Req("r"), [3, 3])),
+    "request_finished_all_groups": (SPEC, (Req("r"), ([1], [2])), (Req("r"), ([1],))),
+    "register_kv_caches": (LAYERS, ({"a": KV},), ({"a": KV, "b": KV},)),
+    "save_kv_layer": (LAYERS, ("a", KV, None), ("a", torch.zeros(4, 3), None)),
+}
+
+
+def keyword_forms(method: str, args: tuple[object, ...]) -> list[tuple[tuple[object, ...], dict[str, object]]]:
+    """Every way to pass ``args``: the first ``k`` by position, the rest by name (in reverse, for good measure)."""
+    names = PARAMETERS[method]
+    return [(args[:k], dict(reversed([*zip(names[k:], args[k:], strict=True)]))) for k in range(len(args) + 1)]
+
+
+@pytest.mark.parametrize(
+    ("cls", "method"),
+    [(cls, method) for cls in (OpenPlain, OpenHMA) for method in CALLS if hasattr(cls, method)],
+)
+def test_keyword_calls_are_checked_as_the_connector_binds_them(dev: bool, cls: type[OpenPlain], method: str) -> None:
+    spec, good, bad = CALLS[method]
+    for args, kwargs in keyword_forms(method, good):
+        connector = cls()
+        getattr(instrument(connector, spec), method)(*args, **kwargs)
+        assert connector.seen == [(method, good)]
+    for args, kwargs in keyword_forms(method, bad):
+        connector = cls()
+        call = getattr(instrument(connector, spec), method)
+        if dev:
+            with pytest.raises(ContractError, match=rf"^{cls.__name__}\.{method}: "):
+                call(*args, **kwargs)
+            assert connector.seen == []
+        else:
+            call(*args, **kwargs)
+
+
+def recorded(connector: object) -> list[Any]:
+    return list(connector.calls if isinstance(connector, Plain) else cast(OpenPlain, connector).seen)
+
+
+@pytest.mark.parametrize(
+    ("cls", "method"),
+    [(cls, method) for cls in (Plain, HMA, OpenPlain, OpenHMA) for method in CALLS if hasattr(cls, method)],
+)
+def test_any_call_behaves_as_on_the_bare_connector(dev: bool, cls: type[object], method: str) -> None:
+    """Whatever the connector's own signature accepts is checked; whatever it refuses fails just as it would."""
+    spec, good, bad = CALLS[method]
+    refusals = 0
+    for args in (good, bad):
+        for call_args, kwargs in [*keyword_forms(method, args), (args[:-1], {}), ((*args, "extra"), {})]:
+            bare, checked = cls(), cls()
+            try:
+                getattr(bare, method)(*call_args, **kwargs)
+            except TypeError as refusal:
+                refusals += 1
+                with pytest.raises(TypeError) as got:
+                    getattr(instrument(checked, spec), method)(*call_args, **kwargs)
+                assert str(got.value) == str(refusal)
+                assert recorded(checked) == []
+                continue
+            call = partial(getattr(instrument(checked, spec), method), *call_args, **kwargs)
+            if dev and args is bad:
+                with pytest.raises(ContractError, match=rf"^{cls.__name__}\.{method}: "):
+                    call()
+                assert recorded(checked) == []
+            else:
+                call()
+                assert recorded(checked) == recorded(bare)
+    # capkv's fakes take the contract's positional-only parameters, and only save_kv_layer's by name
+    keywords_refused = issubclass(cls, Plain) and method != "save_kv_layer"
+    assert refusals == 2 * (2 + (len(PARAMETERS[method]) if keywords_refused else 0))
+
+
+def test_a_connector_taking_anything_is_checked_by_the_contract_names(dev: bool) -> None:
+    connector = Standalone()
+    checked = instrument(connector, SPEC)
+    checked.update_state_after_alloc(Req("r"), blocks=([1], [2]), num_external_tokens=0)
+    assert connector.seen == [("update_state_after_alloc", (Req("r"),))]
+    if dev:
+        with pytest.raises(ContractError, match=r"^Standalone.update_state_after_alloc: blocks group 1"):
+            checked.update_state_after_alloc(Req("r"), num_external_tokens=0, blocks=([1], [16]))
+        with pytest.raises(ContractError, match=r"^Standalone.update_state_after_alloc: blocks group 0"):
+            checked.update_state_after_alloc(Req("r"), ([16], []), num_external_tokens=0)
+    checked.update_state_after_alloc(Req("r"), other=([16], []))  # not the contract's argument: the connector's business
+    assert len(connector.seen) == 2
+
+
+def test_defaults_are_checked_as_the_connector_receives_them(dev: bool) -> None:
+    class Defaulted(OpenPlain):
+        def update_state_after_alloc(self, request: object, blocks: object = ([99],), num_external_tokens: object = 0) -> None:
+            super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    connector = Defaulted()
+    checked = instrument(connector, ONE_GROUP)
+    checked.update_state_after_alloc(Req("r"), ([1],))
+    if dev:
+        with pytest.raises(ContractError, match=r"^Defaulted.update_state_after_alloc: blocks group 0, position 0: 99"):
+            checked.update_state_after_alloc(Req("r"))
+        assert connector.seen == [("update_state_after_alloc", (Req("r"), ([1],), 0))]
+
+
+def test_keyword_only_parameters_are_found_by_position(dev: bool) -> None:
+    class KeywordOnly(OpenHMA):
+        def request_finished_all_groups(self, request: object, *, ids: object) -> tuple[bool, None]:
+            return super().request_finished_all_groups(request, ids)
+
+    connector = KeywordOnly()
+    checked = instrument(connector, SPEC)
+    assert checked.request_finished_all_groups(Req("r"), ids=([1], [2])) == (False, None)
+    if dev:
+        with pytest.raises(ContractError, match=r"^KeywordOnly.request_finished_all_groups: block_ids: \(\[1\],\) has 1 group"):
+            checked.request_finished_all_groups(Req("r"), ids=([1],))
+    with pytest.raises(TypeError, match="positional argument"):
+        checked.request_finished_all_groups(Req("r"), ([1], [2]))

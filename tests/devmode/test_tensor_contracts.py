@@ -161,3 +161,41 @@ def test_a_device_without_index_matches_any_index() -> None:
     indexed = KVSpec(num_groups=1, num_blocks=2, device=torch.device("meta", 0))
     with pytest.raises(ContractError, match="expected device meta:0"):
         check_kv_tensor(indexed, "x", torch.empty(2, device=META), connector="C", method="m")
+
+
+@given(caches(), st.data())
+def test_a_missing_layer_is_named_with_its_group(dev: bool, description: dict[str, Any], data: st.DataObject) -> None:
+    cache = build(description)
+    name = data.draw(st.sampled_from(sorted(cache.tensors)))
+    error = registered(dev, cache, {key: value for key, value in cache.tensors.items() if key != name})
+    if error is None:
+        return
+    group = cache.spec.group_of_layer(name)
+    assert (error.method, error.group, error.value) == ("register_kv_caches", group, name)
+    assert str(error) == (
+        f"HMA.register_kv_caches: kv_caches group {group}: {name!r} is a layer of the KV cache with no tensor; "
+        f"expected a KV tensor for every one of the spec's {len(cache.tensors)} layers"
+    )
+
+
+@given(caches(), st.data())
+def test_an_unknown_layer_is_refused(dev: bool, description: dict[str, Any], data: st.DataObject) -> None:
+    cache = build(description)
+    known = sorted(cache.tensors)
+    tensor = cache.tensors[data.draw(st.sampled_from(known))]
+    stranger = data.draw(st.text(min_size=1, max_size=8).filter(lambda name: name not in cache.tensors))
+    where = data.draw(st.integers(0, len(known)))  # anywhere among the good entries
+    entries = [*cache.tensors.items()]
+    error = registered(dev, cache, dict([*entries[:where], (stranger, tensor), *entries[where:]]))
+    if error is None:
+        return
+    assert (error.method, error.group, error.value) == ("register_kv_caches", None, stranger)
+    assert f"kv_caches: {stranger!r} is not a layer of the KV cache; expected one of the spec's {len(known)} layers" in str(error)
+
+
+def test_a_spec_without_layer_names_takes_any_layers(dev: bool) -> None:
+    spec = KVSpec(num_groups=2, num_blocks=4, groups=(KVGroupSpec(kv_shape=(4, 2)), KVGroupSpec(kv_shape=(4, 2))))
+    connector = HMA()
+    tensors = {"whatever": torch.empty(4, 2, device=META)}
+    instrument(connector, spec).register_kv_caches(tensors)
+    assert connector.calls == [("register_kv_caches", (tensors,))]
