@@ -24,6 +24,7 @@ from capkv.capabilities import (
 from capkv.composite import HMAMultiConnector, MultiConnector, MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.contracts import (
     BlockIds,
+    ComputedTokenRequest,
     HMAConnector,
     KVConnector,
     KVConnectorBase,
@@ -52,6 +53,7 @@ __all__ = [
     "BlockIds",
     "CapabilityError",
     "CapkvError",
+    "ComputedTokenRequest",
     "ConfigError",
     "ConflictError",
     "ContractError",

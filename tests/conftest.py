@@ -6,10 +6,15 @@ forced off, and the suite then checks production behaviour instead.
 """
 
 import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 
 os.environ.setdefault("CAPKV_DEV", "1")
 
 import capkv  # noqa: E402
+from capkv.connectors import FileStoreConnector  # noqa: E402
 
 if os.environ["CAPKV_DEV"] == "1" and not capkv.devmode.forced_off() and not capkv.devmode.types_checked():
     raise RuntimeError("capkv was imported before tests/conftest.py could turn dev mode on")
@@ -21,3 +26,19 @@ def pytest_report_header() -> str:
     if capkv.devmode.forced_off():
         mode += " (forced off by python -O)"
     return f"capkv dev mode: {mode}; capkv under beartype: {capkv.devmode.types_checked()}"
+
+
+@pytest.fixture(autouse=True)
+def _shut_down_file_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Shut down every ``FileStoreConnector`` a test creates, so no writer thread outlives its test."""
+    created: list[FileStoreConnector] = []
+    original = FileStoreConnector.__init__
+
+    def recording_init(self: FileStoreConnector, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        created.append(self)
+
+    monkeypatch.setattr(FileStoreConnector, "__init__", recording_init)
+    yield
+    for connector in created:
+        connector.shutdown()

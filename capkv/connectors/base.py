@@ -36,7 +36,7 @@ from capkv.contracts.engine import (
     KVTransferParams,
     LoadErrors,
     SchedulerOutput,
-    TokenRequest,
+    ComputedTokenRequest,
 )
 from capkv.contracts.spec import KVSpec
 from capkv.errors import CapabilityError, ConfigError, MetadataError
@@ -72,7 +72,7 @@ def require_store_spec(spec: KVSpec, owner: str) -> KVSpec:
     return spec
 
 
-class PrefixStoreConnector(KVConnectorBase[TokenRequest]):
+class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
     """Prefix-keyed block store for every KV-cache group; subclasses choose where blocks live."""
 
     def __init__(self, spec: KVSpec, index: StoreIndex, worker: StoreWorker, *, namespace: str) -> None:
@@ -86,11 +86,11 @@ class PrefixStoreConnector(KVConnectorBase[TokenRequest]):
 
     # ---- scheduler side ------------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: TokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: ComputedTokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
         """Tokens every group can load beyond ``num_computed_tokens``; loads are never asynchronous."""
         return self._scheduler.matched_tokens(request, num_computed_tokens), False
 
-    def update_state_after_alloc(self, request: TokenRequest, blocks: BlockIds, num_external_tokens: int, /) -> None:
+    def update_state_after_alloc(self, request: ComputedTokenRequest, blocks: BlockIds, num_external_tokens: int, /) -> None:
         self._scheduler.allocated(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> StoreMetadata:
@@ -99,7 +99,7 @@ class PrefixStoreConnector(KVConnectorBase[TokenRequest]):
     def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
         self._scheduler.output(connector_output)
 
-    def request_finished(self, request: TokenRequest, block_ids: list[int], /) -> tuple[bool, KVTransferParams | None]:
+    def request_finished(self, request: ComputedTokenRequest, block_ids: list[int], /) -> tuple[bool, KVTransferParams | None]:
         """Single-group finish: only meaningful when the spec has one group."""
         if self.spec.num_groups != 1:
             raise CapabilityError(
@@ -109,7 +109,7 @@ class PrefixStoreConnector(KVConnectorBase[TokenRequest]):
             )
         return self._finish(request, (block_ids,), "request_finished")
 
-    def _finish(self, request: TokenRequest, block_ids: BlockIds, method: str) -> tuple[bool, KVTransferParams | None]:
+    def _finish(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> tuple[bool, KVTransferParams | None]:
         return self._scheduler.finished(request, block_ids, method), None
 
     # ---- worker side ---------------------------------------------------------------

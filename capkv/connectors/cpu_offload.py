@@ -14,7 +14,7 @@ from capkv.connectors.base import PrefixStoreConnector, require_store_spec
 from capkv.connectors.host_pool import HostPoolIndex
 from capkv.connectors.metadata import BlockMove
 from capkv.connectors.worker import Landing, StoreWorker, StoredWhenCopied, consecutive_runs
-from capkv.contracts.engine import BlockIds, KVTransferParams, TokenRequest
+from capkv.contracts.engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts.spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.transfer.copier import BlockCopier
@@ -94,7 +94,7 @@ class CPUOffloadConnector(HostPoolConnector):
     """Host-memory prefix cache for every KV-cache group (HMA-capable)."""
 
     def request_finished_all_groups(
-        self, request: TokenRequest, block_ids: BlockIds, /
+        self, request: ComputedTokenRequest, block_ids: BlockIds, /
     ) -> tuple[bool, KVTransferParams | None]:
         """Save the request's computed full blocks of every group; hold them until the copy completes."""
         return self._finish(request, block_ids, "request_finished_all_groups")

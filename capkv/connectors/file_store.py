@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,14 +36,17 @@ from capkv.connectors.block_file import (
 from capkv.connectors.keys import BlockKey
 from capkv.connectors.metadata import BlockMove
 from capkv.connectors.worker import Landing, StoreWorker
-from capkv.contracts.engine import BlockIds, KVTransferParams, TokenRequest
+from capkv.contracts.engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts.spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.transfer.copier import BlockCopier
 from capkv.transfer.handle import FINISHED, CopyHandle
 from capkv.transfer.layout import spec_block_nbytes
 
-__all__ = ["FileIndex", "FileStoreConnector", "FileStoreWorker"]
+__all__ = ["BlockWriter", "FileIndex", "FileStoreConnector", "FileStoreWorker"]
+
+BlockWriter = Callable[[Path, BlockKey, bytes, memoryview], None]
+"""Writes one block file: ``(root, key, fingerprint, payload)``, as :func:`write_block_file`."""
 
 
 class FileIndex:
@@ -89,9 +93,10 @@ class FileIndex:
 class FileStoreWorker(StoreWorker):
     """Reads block files into host rows and scatters them; gathers and hands rows to a writer thread."""
 
-    def __init__(self, spec: KVSpec, root: Path, *, owner: str) -> None:
+    def __init__(self, spec: KVSpec, root: Path, *, owner: str, write_block: BlockWriter = write_block_file) -> None:
         super().__init__(spec, owner=owner)
         self._root = root
+        self._write_block = write_block
         self._fingerprints: tuple[bytes, ...] = ()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capkv-file-store")
         self.write_failures: list[Exception] = []
@@ -142,7 +147,7 @@ class FileStoreWorker(StoreWorker):
         failed: list[BlockKey] = []
         for index, key in enumerate(move.keys):
             try:
-                write_block_file(self._root, key, fingerprint, tensor_memory(rows[index]))
+                self._write_block(self._root, key, fingerprint, tensor_memory(rows[index]))
             except Exception as error:  # a disk error: this block is not stored, the others may be
                 self.write_failures.append(error)
                 failed.append(key)
@@ -173,9 +178,18 @@ class FileStoreConnector(PrefixStoreConnector):
     ``spec`` describes the engine's KV cache; ``namespace`` separates models
     that share layer names and shapes (use one per model when several share a
     directory). Temporary files left by crashed writers are removed on start.
+    ``write_block`` writes one block file on the writer thread; replace it to
+    hold, fail or observe this connector's writes (tests), and no other's.
     """
 
-    def __init__(self, spec: KVSpec, *, root: str | os.PathLike[str], namespace: str = "") -> None:
+    def __init__(
+        self,
+        spec: KVSpec,
+        *,
+        root: str | os.PathLike[str],
+        namespace: str = "",
+        write_block: BlockWriter = write_block_file,
+    ) -> None:
         name = type(self).__name__
         require_store_spec(spec, name)
         self.root: Path = Path(root)
@@ -187,11 +201,11 @@ class FileStoreConnector(PrefixStoreConnector):
                 connector=name, method="__init__", value=str(self.root),
             ) from exc
         sweep_temporary_files(self.root)
-        self._files = FileStoreWorker(spec, self.root, owner=name)
+        self._files = FileStoreWorker(spec, self.root, owner=name, write_block=write_block)
         super().__init__(spec, FileIndex(self.root, spec, owner=name), self._files, namespace=namespace)
 
     def request_finished_all_groups(
-        self, request: TokenRequest, block_ids: BlockIds, /
+        self, request: ComputedTokenRequest, block_ids: BlockIds, /
     ) -> tuple[bool, KVTransferParams | None]:
         """Save the request's computed full blocks of every group; hold them until they are gathered."""
         return self._finish(request, block_ids, "request_finished_all_groups")

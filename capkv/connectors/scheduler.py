@@ -5,19 +5,24 @@ reports which saves ended (:class:`SaveReport`, its worker metadata). The two
 share no state, so the pair would work split across processes as well as
 inside one object. A key is planned for saving at most once: from the plan
 until the report it is held (never planned again) but not loadable.
+
+Blocks a load will read are pinned (not evictable) from the plan until the
+worker reports that step's loads done: each metadata carries its step number
+and the report the highest step whose loads ran, so an engine that skips
+``update_connector_output`` on a step, or calls it twice, neither leaks pins
+nor releases them early.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from capkv.connectors.hits import GroupGeometry, longest_hit
 from capkv.connectors.keys import BlockKey, PrefixHasher, RequestKeys
 from capkv.connectors.metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.contracts.engine import BlockIds, KVConnectorOutput, TokenRequest
+from capkv.contracts.engine import BlockIds, ComputedTokenRequest, KVConnectorOutput, TokenRequest
 from capkv.contracts.spec import KVSpec
+from capkv.devmode.blocks import check_block_groups
 from capkv.errors import ContractError, MetadataError
 
 __all__ = ["StoreIndex", "StoreScheduler"]
@@ -63,20 +68,22 @@ class StoreScheduler:
 
     def __init__(self, spec: KVSpec, index: StoreIndex, hasher: PrefixHasher, *, owner: str) -> None:
         self._owner = owner
+        self._spec = spec
         self._index = index
         self._hasher = hasher
         self._geometry = tuple(
             GroupGeometry(group.block_size or 1, group.sliding_window) for group in spec.groups
         )
         self._null = spec.null_block_id
-        self._num_blocks = spec.num_blocks
         self._keys: dict[str, RequestKeys] = {}
         self._offers: dict[str, tuple[int, int]] = {}
         self._loads: list[BlockMove] = []
         self._saves: list[BlockMove] = []
         self._unavailable: list[tuple[int, int]] = []
         self._pinned: list[BlockKey] = []
-        self._pinned_by_step: deque[list[BlockKey]] = deque()
+        self._step = 0
+        """The step number of the last metadata built."""
+        self._pinned_by_step: dict[int, list[BlockKey]] = {}
         self.hit_tokens: int = 0
         """Tokens offered and accepted since the last :meth:`take_hit_tokens`."""
 
@@ -84,11 +91,14 @@ class StoreScheduler:
 
     def matched_tokens(self, request: TokenRequest, num_computed_tokens: int) -> int:
         """Tokens beyond ``num_computed_tokens`` that every group can load (block-aligned)."""
+        method = "get_num_new_matched_tokens"
         keys = self._request_keys(request)
-        limit = len(request.all_token_ids) - 1  # the engine must compute at least the last token
+        total = len(request.all_token_ids)
+        self._check_token_count(num_computed_tokens, total, request.request_id, method, "num_computed_tokens")
+        limit = total - 1  # the engine must compute at least the last token
 
         def present(group: int, block: int) -> bool:
-            return self._index.loadable(keys.key(group, block, method="get_num_new_matched_tokens"))
+            return self._index.loadable(keys.key(group, block, method=method))
 
         end = longest_hit(self._geometry, num_computed_tokens, limit, present)
         if end > num_computed_tokens:
@@ -161,14 +171,14 @@ class StoreScheduler:
 
     # ---- saves ---------------------------------------------------------------------
 
-    def finished(self, request: TokenRequest, block_ids: BlockIds, method: str) -> bool:
+    def finished(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> bool:
         """Plan the save of a finished request's computed full blocks; ``True`` when its blocks must be held."""
         request_id = request.request_id
         self._offers.pop(request_id, None)
         keys = self._keys.pop(request_id, None) or RequestKeys(self._hasher, request.all_token_ids)
         keys.update(request.all_token_ids)
         self._check_block_ids(block_ids, method)
-        computed = _computed_tokens(request)
+        computed = self._computed_tokens(request, method)
         # Token order across groups, so a store that fills up keeps whole prefixes.
         candidates = sorted(
             ((block + 1) * geometry.block_size, group, block)
@@ -201,26 +211,35 @@ class StoreScheduler:
     # ---- step boundaries -------------------------------------------------------------
 
     def build(self) -> StoreMetadata:
-        """This step's metadata; the loads' pins last until this step's output comes back."""
-        metadata = StoreMetadata(tuple(self._loads), tuple(self._saves), tuple(self._unavailable))
-        self._pinned_by_step.append(self._pinned)
+        """This step's metadata; the loads' pins last until the worker reports this step's loads done."""
+        self._step += 1
+        metadata = StoreMetadata(tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step)
+        if self._pinned:
+            self._pinned_by_step[self._step] = self._pinned
         self._loads, self._saves, self._unavailable, self._pinned = [], [], [], []
         return metadata
 
     def output(self, connector_output: KVConnectorOutput) -> None:
-        """A step ran: release its loads' pins; saves reported stored become loadable, failed ones saveable."""
-        if self._pinned_by_step:
-            for key in self._pinned_by_step.popleft():
-                self._index.unpin(key)
-        report = connector_output.worker_meta
+        """The worker reported: release the pins of every step whose loads ran; saves reported
+        stored become loadable, failed ones saveable."""
+        method = "update_connector_output"
+        report: object = getattr(connector_output, "worker_meta", _MISSING)
+        if report is _MISSING:
+            raise ContractError(
+                f"{self._owner}.{method}: expected a KVConnectorOutput (with worker_meta), got {connector_output!r}",
+                connector=self._owner, method=method, value=connector_output,
+            )
         if report is None:
             return
         if not isinstance(report, SaveReport):
-            method = "update_connector_output"
             raise MetadataError(
                 f"{self._owner}.{method}: expected SaveReport worker metadata, got {report!r}",
                 connector=self._owner, method=method, value=report,
             )
+        if report.loaded_through is not None:
+            for step in [step for step in self._pinned_by_step if step <= report.loaded_through]:
+                for key in self._pinned_by_step.pop(step):
+                    self._index.unpin(key)
         for key in report.stored:
             self._index.commit(key)
         for key in report.failed:
@@ -237,40 +256,30 @@ class StoreScheduler:
         return keys
 
     def _check_block_ids(self, blocks: BlockIds, method: str) -> None:
-        if len(blocks) != len(self._geometry):
+        check_block_groups(self._spec, blocks, connector=self._owner, method=method, subject="block_ids")
+
+    def _computed_tokens(self, request: ComputedTokenRequest, method: str) -> int:
+        """The request's ``num_computed_tokens``, required: saving blocks whose KV was never
+        computed (a request aborted before prefill) would offer garbage to later requests."""
+        computed: object = getattr(request, "num_computed_tokens", _MISSING)
+        if computed is _MISSING:
             raise ContractError(
-                f"{self._owner}.{method}: got block ids for {len(blocks)} KV-cache group(s); "
-                f"the spec has {len(self._geometry)}",
-                connector=self._owner, method=method, value=len(blocks),
+                f"{self._owner}.{method}: request {request.request_id!r} ({type(request).__name__}) has no "
+                "num_computed_tokens; a store saves only computed KV, so the request must say how much "
+                "there is (see capkv.ComputedTokenRequest)",
+                connector=self._owner, method=method, value=request,
             )
-        for group, ids in enumerate(blocks):
-            _check_group_ids(ids, group, self._null, self._num_blocks, self._owner, method)
+        total = len(request.all_token_ids)
+        return self._check_token_count(computed, total, request.request_id, method, "num_computed_tokens")
 
-
-def _check_group_ids(ids: Sequence[int], group: int, null: int, num_blocks: int, owner: str, method: str) -> None:
-    seen: set[int] = set()
-    for block_id in ids:
-        if type(block_id) is not int or not 0 <= block_id < num_blocks:
+    def _check_token_count(self, count: object, total: int, request_id: str, method: str, name: str) -> int:
+        if type(count) is not int or not 0 <= count <= total:
             raise ContractError(
-                f"{owner}.{method}: block id {block_id!r} of group {group} is outside the pool [0, {num_blocks})",
-                connector=owner, method=method, group=group, value=block_id,
+                f"{self._owner}.{method}: {name}={count!r} for request {request_id!r}; expected an int "
+                f"in [0, {total}] (the request has {total} tokens)",
+                connector=self._owner, method=method, value=count,
             )
-        if block_id == null:
-            continue  # the null block may repeat (sliding windows)
-        if block_id in seen:
-            raise ContractError(
-                f"{owner}.{method}: block id {block_id} appears twice in group {group} "
-                f"(only the null block {null} may repeat)",
-                connector=owner, method=method, group=group, value=block_id,
-            )
-        seen.add(block_id)
+        return count
 
 
-def _computed_tokens(request: TokenRequest) -> int:
-    """Tokens whose KV the engine has computed: ``num_computed_tokens`` when the request has it
-    (vLLM's does), else every token but the last (whose KV is never computed)."""
-    total = len(request.all_token_ids)
-    computed: object = getattr(request, "num_computed_tokens", None)
-    if type(computed) is int:
-        return max(0, min(computed, total))
-    return max(0, total - 1)
+_MISSING = object()

@@ -12,7 +12,7 @@ group 0 alone. On a one-group model it is a working host-pool cache.
 from __future__ import annotations
 
 from capkv.connectors.cpu_offload import HostPoolConnector
-from capkv.contracts.engine import BlockIds, TokenRequest
+from capkv.contracts.engine import BlockIds, ComputedTokenRequest
 from capkv.errors import CapabilityError
 
 __all__ = ["SingleGroupOffloadConnector"]
@@ -21,11 +21,11 @@ __all__ = ["SingleGroupOffloadConnector"]
 class SingleGroupOffloadConnector(HostPoolConnector):
     """A host-pool prefix cache that handles exactly one KV-cache group."""
 
-    def get_num_new_matched_tokens(self, request: TokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: ComputedTokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
         self._one_group("get_num_new_matched_tokens")
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: TokenRequest, blocks: BlockIds, num_external_tokens: int, /) -> None:
+    def update_state_after_alloc(self, request: ComputedTokenRequest, blocks: BlockIds, num_external_tokens: int, /) -> None:
         self._one_group("update_state_after_alloc")
         super().update_state_after_alloc(request, blocks, num_external_tokens)
 

@@ -85,6 +85,8 @@ class StoreWorker(ABC):
         self._failed: set[BlockKey] = set()
         self._errors: LoadErrors = {}
         self._counts: Counter[str] = Counter()
+        self._loaded_through: int | None = None
+        """The last step whose loads ran, until reported."""
 
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         self._copier = BlockCopier(self._spec, kv_caches, owner=self._owner)
@@ -103,6 +105,7 @@ class StoreWorker(ABC):
         for group, block_id in metadata.unavailable:
             self._errors.setdefault(group, set()).add(block_id)
         if not metadata.loads:
+            self._loaded_through = metadata.step
             return
         copier = self.copier("start_load_kv")
         handles: list[CopyHandle] = []
@@ -117,6 +120,7 @@ class StoreWorker(ABC):
             self._counts["failed_blocks"] += len(failed)
         for handle in handles:
             handle.stream_wait()
+        self._loaded_through = metadata.step  # stream-ordered: the engine reads them after this
 
     def save(self, metadata: StoreMetadata) -> None:
         """Start the step's saves; their requests are reported by :meth:`finished`."""
@@ -138,12 +142,13 @@ class StoreWorker(ABC):
         return done or None
 
     def report(self) -> SaveReport | None:
-        """The saves that ended since the last call, stored or failed (``None`` when none ended)."""
+        """The saves that ended since the last call, stored or failed, and the last step whose loads
+        ran (``None`` when there is no news)."""
         self._settle(wait=False)
-        if not self._stored and not self._failed:
+        if not self._stored and not self._failed and self._loaded_through is None:
             return None
-        report = SaveReport(frozenset(self._stored), frozenset(self._failed))
-        self._stored, self._failed = set(), set()
+        report = SaveReport(frozenset(self._stored), frozenset(self._failed), self._loaded_through)
+        self._stored, self._failed, self._loaded_through = set(), set(), None
         return report
 
     def _settle(self, *, wait: bool) -> None:

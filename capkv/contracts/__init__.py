@@ -6,6 +6,7 @@ from capkv.contracts.connector import HMAConnector, KVConnector, RequestT, Suppo
 from capkv.contracts.engine import (
     AttentionMetadata,
     BlockIds,
+    ComputedTokenRequest,
     ConnectorMetadata,
     ForwardContext,
     HandshakeMetadata,
@@ -22,6 +23,7 @@ from capkv.contracts.spec import KVGroupSpec, KVSpec
 __all__ = [
     "AttentionMetadata",
     "BlockIds",
+    "ComputedTokenRequest",
     "ConnectorMetadata",
     "ForwardContext",
     "HMAConnector",

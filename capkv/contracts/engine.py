@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 __all__ = [
     "AttentionMetadata",
     "BlockIds",
+    "ComputedTokenRequest",
     "ConnectorMetadata",
     "ForwardContext",
     "HandshakeMetadata",
@@ -77,6 +78,19 @@ class TokenRequest(Request, Protocol):
 
     @property
     def all_token_ids(self) -> Sequence[int]: ...
+
+
+@runtime_checkable
+class ComputedTokenRequest(TokenRequest, Protocol):
+    """A token request that also says how many of its tokens' KV the engine has computed
+    (as vLLM's ``Request.num_computed_tokens``).
+
+    A store that saves a finished request's KV needs this: only computed blocks
+    hold real KV, and a request aborted before prefill has none.
+    """
+
+    @property
+    def num_computed_tokens(self) -> int: ...
 
 
 @runtime_checkable

@@ -18,7 +18,9 @@ from capkv.contracts.spec import KVSpec
 from capkv.devmode.message import contract_error
 from capkv.devmode.scan import all_valid, first_bad_id
 
-__all__ = ["check_block_copies", "check_block_copy", "check_block_groups", "check_block_ids"]
+__all__ = [
+    "check_block_copies", "check_block_copy", "check_block_groups", "check_block_ids", "check_pool_ids",
+]
 
 
 def check_block_groups(spec: KVSpec, block_ids: object, *, connector: str, method: str, subject: str = "block_ids") -> None:
@@ -31,6 +33,23 @@ def check_block_ids(
 ) -> None:
     """One group's ids (``group`` names it in errors): valid and unrepeated but for the null block."""
     _check_list(block_ids, spec.num_blocks, spec.null_block_id, group, connector, method, subject)
+
+
+def check_pool_ids(
+    ids: object,
+    *,
+    num_blocks: int,
+    repeatable: int | None,
+    group: int,
+    connector: str,
+    method: str,
+    subject: str = "block_ids",
+    distinct: bool = True,
+) -> list[int]:
+    """``ids`` (returned as it is) when it is a list of ints in ``[0, num_blocks)`` that repeats no id
+    but ``repeatable`` (``None``: none may repeat; ``distinct=False``: any may, as when only reading
+    them); the rule every other check here applies per group."""
+    return _check_list(ids, num_blocks, repeatable, group, connector, method, subject, distinct)
 
 
 def check_block_copy(
@@ -106,21 +125,22 @@ def _check_groups(
 
 
 def _check_list(
-    ids: object, num_blocks: int, repeatable: int | None, group: int, connector: str, method: str, subject: str
+    ids: object, num_blocks: int, repeatable: int | None, group: int, connector: str, method: str, subject: str,
+    distinct: bool = True,
 ) -> list[int]:
     """``ids`` itself, once it is known to be a valid group."""
     valid = cast("list[int]", ids)
-    if type(ids) is list and all_valid((valid,), num_blocks, repeatable):
+    if type(ids) is list and all_valid((valid,), num_blocks, repeatable, distinct=distinct):
         return valid
-    _raise_first_bad((valid,), num_blocks, repeatable, group, connector, method, subject)
+    _raise_first_bad((valid,), num_blocks, repeatable, group, connector, method, subject, distinct)
     return valid
 
 
 def _raise_first_bad(
     groups: tuple[object, ...], num_blocks: int, repeatable: int | None, first_group: int,
-    connector: str, method: str, subject: str,
+    connector: str, method: str, subject: str, distinct: bool = True,
 ) -> None:
-    bad = first_bad_id(groups, num_blocks, repeatable)
+    bad = first_bad_id(groups, num_blocks, repeatable, distinct=distinct)
     if bad is not None:
         raise contract_error(
             connector, method, subject, value=bad.value, problem=bad.problem, expected=bad.expected,

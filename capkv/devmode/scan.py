@@ -62,11 +62,11 @@ def expected_id(num_blocks: int) -> str:
     return f"an int block id in [0, {num_blocks})"
 
 
-def all_valid(groups: tuple[object, ...], num_blocks: int, repeatable: int | None) -> bool:
+def all_valid(groups: tuple[object, ...], num_blocks: int, repeatable: int | None, *, distinct: bool = True) -> bool:
     """``True`` only if every group is a list of distinct ints in ``[0, num_blocks)``.
 
     ``repeatable`` (the null block) may occur any number of times; ``None``: no id
-    may repeat. ``False`` means "look closer" with :func:`first_bad_id`: it may
+    may repeat; ``distinct=False``: any id may. ``False`` means "look closer" with :func:`first_bad_id`: it may
     also be a valid but unusual input (a list subclass, an id of 2**31 or more).
     """
     lists = cast("tuple[list[int], ...]", groups)  # only if the bytes below say so
@@ -76,7 +76,7 @@ def all_valid(groups: tuple[object, ...], num_blocks: int, repeatable: int | Non
         return False
     total = sum(sizes)
     if total < WALK_BELOW:
-        return first_bad_id(lists, num_blocks, repeatable) is None
+        return first_bad_id(lists, num_blocks, repeatable, distinct=distinct) is None
     try:
         codes = marshal.dumps(lists, 0)
     except ValueError:  # an int subclass, a numpy integer, a list subclass...
@@ -86,6 +86,8 @@ def all_valid(groups: tuple[object, ...], num_blocks: int, repeatable: int | Non
         return False
     if not codes[9::5].isascii():  # a negative id (list lengths are < 2**31)
         return False
+    if not distinct:
+        return all(max(group) < num_blocks for group in lists if group)
     if total >= VECTOR_THRESHOLD and sys.byteorder == "little":
         return _vector_valid(codes, len(lists), num_blocks, repeatable)
     for group in lists:
@@ -148,7 +150,9 @@ def _vector_valid(codes: bytes, num_groups: int, num_blocks: int, repeatable: in
     return torch.equal(back, positions) if skip is None else bool(((back == positions) | skip).all())
 
 
-def first_bad_id(groups: Sequence[object], num_blocks: int, repeatable: int | None) -> BadId | None:
+def first_bad_id(
+    groups: Sequence[object], num_blocks: int, repeatable: int | None, *, distinct: bool = True
+) -> BadId | None:
     """The first malformed group or bad id, group by group, position by position (rules as :func:`all_valid`)."""
     for index, group in enumerate(groups):
         if not isinstance(group, list):
@@ -160,7 +164,7 @@ def first_bad_id(groups: Sequence[object], num_blocks: int, repeatable: int | No
                 return BadId(index, position, block, f"is a {type(block).__name__}", expected_id(num_blocks))
             if not 0 <= block < num_blocks:
                 return BadId(index, position, block, "is outside the pool", expected_id(num_blocks))
-            if block == repeatable:
+            if not distinct or block == repeatable:
                 continue
             if block in seen:
                 return BadId(

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from capkv.contracts.spec import KVSpec
+from capkv.devmode.blocks import check_pool_ids
 from capkv.errors import ConfigError, ContractError
 from capkv.transfer.cpu import CpuCopies
 from capkv.transfer.cuda import DEFAULT_STAGING_BYTES, CudaCopies
@@ -102,25 +103,19 @@ class BlockCopier:
         return groups[group]
 
     def _ids(self, runs: GroupRuns, block_ids: Sequence[int], method: str, *, unique: bool) -> torch.Tensor | None:
+        """``block_ids`` as an index tensor, checked by the one block-id rule capkv has
+        (:func:`capkv.devmode.blocks.check_pool_ids`): exact ints in the pool; a gather may read
+        a block twice, a scatter may not write one twice (two rows into one block race)."""
         if not block_ids:
             return None
-        num_blocks = runs.layers[0].num_blocks
-        low, high = min(block_ids), max(block_ids)
-        if low < 0 or high >= num_blocks:
-            bad = low if low < 0 else high
-            raise ContractError(
-                f"{self._owner}.{method}: block id {bad} of group {runs.index} is outside the pool "
-                f"[0, {num_blocks})",
-                connector=self._owner, method=method, group=runs.index, value=bad,
-            )
-        if unique and len(set(block_ids)) != len(block_ids):
-            repeated = _first_repeat(block_ids)
-            raise ContractError(
-                f"{self._owner}.{method}: block id {repeated} of group {runs.index} appears twice; "
-                "a scatter into one block from two rows has no defined result",
-                connector=self._owner, method=method, group=runs.index, value=repeated,
-            )
-        return torch.tensor(block_ids, dtype=torch.int64)
+        spec = self.layout.spec
+        as_list: object = block_ids if isinstance(block_ids, list) else [*block_ids]
+        ids = check_pool_ids(
+            as_list,
+            num_blocks=spec.num_blocks, repeatable=None, distinct=unique,
+            group=runs.index, connector=self._owner, method=method,
+        )
+        return torch.tensor(ids, dtype=torch.int64)
 
     def _rows(self, runs: GroupRuns, rows: torch.Tensor, count: int, method: str) -> tuple[int, torch.Tensor]:
         """The widest word both sides allow, and ``rows`` viewed as ``(count, runs, run_words)``."""
@@ -152,12 +147,3 @@ class BlockCopier:
 
 def _is_index(value: object, size: int) -> bool:
     return type(value) is int and 0 <= value < size
-
-
-def _first_repeat(values: Sequence[int]) -> int:
-    seen: set[int] = set()
-    for value in values:
-        if value in seen:
-            return value
-        seen.add(value)
-    raise ValueError("no repeated value")  # unreachable: callers check len(set(values)) first

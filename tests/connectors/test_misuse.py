@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-
 from capkv import ConfigError, ContractError, KVGroupSpec, KVSpec, MetadataError
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector, StoreMetadata
 from tests.connectors.conftest import tokens
@@ -44,12 +44,12 @@ def test_block_ids_of_the_wrong_shape_or_range() -> None:
     connector, prompt = _primed()
     request = Req("r", prompt + [1])
     connector.get_num_new_matched_tokens(request, 0)
-    with pytest.raises(ContractError, match="block ids for 1 KV-cache group"):
+    with pytest.raises(ContractError, match=r"block_ids: .* has 1 group; expected one list per KV-cache group \(2\)"):
         connector.update_state_after_alloc(request, (list(range(1, 8)),), 96)
     connector.get_num_new_matched_tokens(request, 0)
-    with pytest.raises(ContractError, match="block id 64 of group 1 is outside the pool") as caught:
+    with pytest.raises(ContractError, match="block_ids group 1, position 2: 64 is outside the pool") as caught:
         connector.update_state_after_alloc(request, (list(range(1, 8)), [0, 0, 64, 10]), 96)
-    assert caught.value.group == 1 and caught.value.value == 64
+    assert caught.value.group == 1 and caught.value.value == 64 and caught.value.method == "update_state_after_alloc"
     connector.get_num_new_matched_tokens(request, 0)
     with pytest.raises(ContractError, match="group 0 of request 'r' has 5 block ids; loading up to token 96 needs 6"):
         connector.update_state_after_alloc(request, (list(range(1, 6)), [0, 0, 9, 10]), 96)
@@ -115,3 +115,48 @@ def test_token_ids_that_are_not_integers() -> None:
     with pytest.raises(ContractError, match="not 64-bit integer token ids") as caught:
         connector.get_num_new_matched_tokens(Req("r", [2**70] * 40), 0)  # an int, too wide to hash
     assert caught.value.group == 0
+
+
+@dataclass
+class TokensOnly:
+    """A request that does not say how much of it was computed (like the engine's before prefill)."""
+
+    request_id: str
+    all_token_ids: list[int]
+
+
+def test_a_request_that_does_not_say_what_was_computed_is_not_saved() -> None:
+    connector, _ = _primed()
+    # Refused by the connector, or in dev mode already by its type hint (ComputedTokenRequest).
+    with pytest.raises(ContractError, match="request_finished_all_groups") as caught:
+        connector.request_finished_all_groups(TokensOnly("aborted", tokens(52, 100)), ([1, 2, 3], [0, 4]))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    assert "ComputedTokenRequest" in str(caught.value)
+    assert connector.build_connector_meta(None).saves == ()
+
+
+def test_a_request_aborted_before_prefill_saves_nothing() -> None:
+    connector, _ = _primed()
+    aborted = Req("aborted", tokens(53, 100), num_computed_tokens=0)
+    assert connector.request_finished_all_groups(aborted, (list(range(1, 8)), [0, 0, 9, 10])) == (False, None)
+    assert connector.build_connector_meta(None).saves == ()
+
+
+@pytest.mark.parametrize("computed", [-16, 102, True])
+def test_num_computed_tokens_outside_the_request_is_refused(computed: int) -> None:
+    connector, prompt = _primed()
+    request = Req("r", prompt + [1])
+    with pytest.raises(ContractError, match=rf"num_computed_tokens={computed!r} for request 'r'; expected an int in \[0, 101\]") as caught:
+        connector.get_num_new_matched_tokens(request, computed)
+    assert (caught.value.connector, caught.value.method, caught.value.value) == (
+        "CPUOffloadConnector", "get_num_new_matched_tokens", computed,
+    )
+    request.num_computed_tokens = computed
+    with pytest.raises(ContractError, match=rf"num_computed_tokens={computed!r}") as finished:
+        connector.request_finished_all_groups(request, (list(range(1, 8)), [0, 0, 9, 10]))
+    assert finished.value.method == "request_finished_all_groups"
+
+
+def test_connector_output_that_is_not_one() -> None:
+    connector = CPUOffloadConnector(SPEC, capacity_blocks=4)
+    with pytest.raises(ContractError, match="update_connector_output.*KVConnectorOutput"):
+        connector.update_connector_output(None)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]

@@ -19,7 +19,8 @@ import pytest
 from capkv import KVConnectorOutput, KVSpec, MultiWorkerMetadata
 from capkv.cli.main import main
 from capkv.connectors import BlockKey, CPUOffloadConnector, FileStoreConnector, PrefixHasher, SaveReport
-from capkv.connectors import block_file, file_store
+from capkv.cli import demo
+from capkv.connectors import block_file
 from capkv.connectors.block_file import write_block_file
 from capkv.connectors.host_pool import HostPoolIndex
 from capkv.connectors.keys import RequestKeys
@@ -79,16 +80,14 @@ class HeldWriter:
 
 
 @pytest.fixture
-def writer(monkeypatch: pytest.MonkeyPatch) -> HeldWriter:
-    held = HeldWriter()
-    monkeypatch.setattr(file_store, "write_block_file", held)
-    return held
+def writer() -> HeldWriter:
+    return HeldWriter()
 
 
 @pytest.fixture
 def engine(tmp_path: Path, writer: HeldWriter) -> Iterator[MiniEngine]:
     spec = make_spec(WINDOWED, num_blocks=64)
-    connector = FileStoreConnector(spec, root=tmp_path)
+    connector = FileStoreConnector(spec, root=tmp_path, write_block=writer)  # this connector's writes only
     yield MiniEngine(spec, connector)
     writer.open()
     connector.shutdown()
@@ -252,7 +251,6 @@ def test_reports_of_several_workers_merge_and_a_failure_wins() -> None:
 
 SMALL_DEMO = ["--requests", "8", "--prefixes", "2", "--prefix-len", "64", "--suffix-len", "17", "--max-tokens", "3",
               "--window", "32", "--kv-heads", "1", "--head-dim", "8", "--num-blocks", "512"]
-_FLUSH = FileStoreConnector.flush
 
 
 def _cold_bytes_saved(stack: str, capsys: pytest.CaptureFixture[str]) -> str:
@@ -273,13 +271,16 @@ def test_the_demos_file_store_saves_each_block_once_however_far_its_writer_falls
     # The writer holds every write of the cold run until the demo flushes the store before the
     # warm run: later requests with the same prefixes finish while the first ones' writes wait.
     behind = HeldWriter()
-    monkeypatch.setattr(file_store, "write_block_file", behind)
 
-    def release_then_flush(self: FileStoreConnector) -> None:
-        behind.open()
-        _FLUSH(self)
+    class BehindStore(FileStoreConnector):
+        def __init__(self, spec: KVSpec, *, root: str | os.PathLike[str], namespace: str = "") -> None:
+            super().__init__(spec, root=root, namespace=namespace, write_block=behind)
 
-    monkeypatch.setattr(FileStoreConnector, "flush", release_then_flush)
+        def flush(self) -> None:
+            behind.open()
+            super().flush()
+
+    monkeypatch.setattr(demo, "FileStoreConnector", BehindStore)
     held = _cold_bytes_saved("file", capsys)
     assert behind.attempts and len(behind.attempts) == len(set(behind.attempts))
     # The host pool has no background writer; both stores save each distinct block once.

@@ -52,7 +52,7 @@ def test_repeated_null_ids_are_legal_and_a_repeated_real_id_is_not() -> None:
     connector = CPUOffloadConnector(spec, capacity_blocks=8)
     request = Req("r", tokens(14, 64), num_computed_tokens=64)
     assert connector.request_finished_all_groups(request, ([1, 2, 3, 4], [0, 0, 5, 6])) == (True, None)
-    with pytest.raises(ContractError, match="block id 5 appears twice in group 1") as caught:
+    with pytest.raises(ContractError, match="block_ids group 1, position 2: 5 repeats the id at position 1") as caught:
         connector.request_finished_all_groups(Req("s", tokens(15, 64), 64), ([7, 8, 9, 10], [0, 5, 5, 11]))
     assert caught.value.group == 1 and caught.value.value == 5
 

@@ -109,12 +109,14 @@ def test_empty_calls_copy_nothing_and_are_finished() -> None:
 @pytest.mark.parametrize(
     ("call", "ids", "match"),
     [
-        ("gather", [0, 32], "block id 32 of group 0 is outside the pool"),
-        ("scatter", [-1, 2], "block id -1 of group 0 is outside the pool"),
-        ("scatter", [4, 5, 4], "block id 4 of group 0 appears twice"),
+        ("gather", [0, 32], "block_ids group 0, position 1: 32 is outside the pool"),
+        ("scatter", [-1, 2], "block_ids group 0, position 0: -1 is outside the pool"),
+        ("scatter", [4, 5, 4], "block_ids group 0, position 2: 4 repeats the id at position 0"),
+        ("gather", [True], "block_ids group 0, position 0: True is a bool"),
+        ("scatter", (3, 3), "block_ids group 0, position 1: 3 repeats"),
     ],
 )
-def test_bad_block_ids_are_refused_with_group_and_value(call: str, ids: list[int], match: str) -> None:
+def test_bad_block_ids_are_refused_with_group_and_value(call: str, ids: list[object] | tuple[int, ...], match: str) -> None:
     copier, _ = _copier()
     rows = copier.host_rows(len(ids), copier.block_nbytes(0))
     with pytest.raises(ContractError, match=match) as caught:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing_extensions import assert_type
 
-from capkv import HMAConnector, HMAMultiConnector, KVSpec, MultiConnector, SupportsHMA, TokenRequest
+from capkv import ComputedTokenRequest, HMAConnector, HMAMultiConnector, KVSpec, MultiConnector, SupportsHMA
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupOffloadConnector
 
 
 def needs_hma(connector: SupportsHMA) -> None: ...
-def needs_hma_connector(connector: HMAConnector[TokenRequest]) -> None: ...
+def needs_hma_connector(connector: HMAConnector[ComputedTokenRequest]) -> None: ...
 
 
 def build(spec: KVSpec) -> None:
