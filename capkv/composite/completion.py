@@ -38,11 +38,6 @@ class SendCountdown:
             self._owed[request_id] = owed - 1
         return False
 
-    @property
-    def pending(self) -> dict[str, int]:
-        """Extra reports still owed, by request id (a copy)."""
-        return dict(self._owed)
-
 
 class ReceiveFromLoader:
     """Reports a finished receive when the child that was chosen to load reports it.
