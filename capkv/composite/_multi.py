@@ -24,9 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from types import new_class
-from typing import Any, Generic, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, cast, overload
 
-import torch
 from typing_extensions import TypeVar, TypeVarTuple, Unpack
 
 from capkv.capabilities._facts import StaticFact
@@ -48,6 +47,9 @@ from capkv.contracts._engine import (
     SchedulerOutput,
 )
 from capkv.errors import CapabilityError, ConfigError, ConflictError, ContractError, MetadataError
+
+if TYPE_CHECKING:  # torch loads only where KV is moved, not with the composite
+    import torch
 
 __all__ = ["HMAMultiConnector", "MultiConnector", "answers_by_agreement", "stack_class"]
 

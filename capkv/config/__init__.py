@@ -2,41 +2,44 @@
 
 Capability is decided from the configured *classes*, before any connector is
 constructed, by the same rule as :class:`~capkv.MultiConnector`'s static types.
+A connector class may build itself from its extra config with a class method
+named ``from_extra_config``.
 """
 
-from capkv.config._build import FACTORY_HOOK, ConnectorFactory, build_connector, build_stack
-from capkv.config._loader import (
-    ConfiguredConnector,
-    ConfiguredNode,
-    ConfiguredStack,
-    load_stack,
-    load_stack_file,
-    read_config_file,
-)
-from capkv.config._registry import (
-    BUILTIN_CONNECTORS,
-    ENTRY_POINT_GROUP,
-    ConnectorRegistry,
-    default_registry,
-    register_connector,
-    resolve_connector,
-)
+from typing import TYPE_CHECKING
+
+from capkv._lazy import attach
+
+if TYPE_CHECKING:
+    from capkv.config._build import build_stack
+    from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack, load_stack, load_stack_file
+    from capkv.config._registry import ENTRY_POINT_GROUP, ConnectorRegistry, default_registry, register_connector
 
 __all__ = [
-    "BUILTIN_CONNECTORS",
     "ENTRY_POINT_GROUP",
-    "FACTORY_HOOK",
     "ConfiguredConnector",
     "ConfiguredNode",
     "ConfiguredStack",
-    "ConnectorFactory",
     "ConnectorRegistry",
-    "build_connector",
     "build_stack",
     "default_registry",
     "load_stack",
     "load_stack_file",
-    "read_config_file",
     "register_connector",
-    "resolve_connector",
 ]
+
+if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
+    __getattr__, __dir__ = attach(
+        __name__,
+        {
+            "capkv.config._build": ["build_stack"],
+            "capkv.config._loader": [
+                "ConfiguredConnector",
+                "ConfiguredNode",
+                "ConfiguredStack",
+                "load_stack",
+                "load_stack_file",
+            ],
+            "capkv.config._registry": ["ENTRY_POINT_GROUP", "ConnectorRegistry", "default_registry", "register_connector"],
+        },
+    )

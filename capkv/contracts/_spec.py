@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 
 from capkv.errors import ConfigError
+
+if TYPE_CHECKING:  # torch loads only where KV is moved, not with the contracts
+    import torch
 
 __all__ = ["KVGroupSpec", "KVSpec"]
 
@@ -145,7 +147,7 @@ class KVSpec:
             ),
             block_dim=block_dim,
             dtype=dtype,
-            device=None if device is None else torch.device(device),
+            device=None if device is None else _device(device),
         )
 
     @cached_property
@@ -172,3 +174,10 @@ class KVSpec:
     def _shared_kv_shape(self) -> tuple[int, ...] | None:
         shapes = {group.kv_shape for group in self.groups}
         return shapes.pop() if len(shapes) == 1 else None
+
+
+def _device(device: torch.device | str) -> torch.device:
+    import torch  # the one runtime use: a spec read from the engine, where torch is loaded anyway
+
+    return torch.device(device)
+

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from capkv import BlockIds, KVConnectorBase, KVSpec, KVTransferParams, LoadErrors
-from capkv.engine import Request, SchedulerOutput
+from capkv.engine._outputs import SchedulerOutput
+from capkv.engine._request import Request
 
 Key = tuple[int, tuple[int, ...]]
 
