@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Protocol, cast, runtime_checkable
 
@@ -29,15 +30,37 @@ class _Subcommand(Protocol):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``capkv``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="capkv", description="Typed, composable, checked KV-cache connectors.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    handlers: dict[str, _Subcommand] = {}
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        handlers[name] = cast(_Subcommand, importlib.import_module(module))
-        handlers[name].add_arguments(commands.add_parser(name, help=help_text, description=help_text))
-    args = parser.parse_args(argv)
-    return handlers[args.command].run(args)
+    """Run ``capkv``; returns the exit status.
+
+    Only the chosen subcommand's module is imported, so ``capkv check`` does not
+    load torch unless a connector it names needs it.
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in arguments if not a.startswith("-")), None)  # capkv's own options are all flags
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TORCH_WITHOUT_NUMPY, category=UserWarning)
+        parser = argparse.ArgumentParser(prog="capkv", description="Typed, composable, checked KV-cache connectors.")
+        commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+        handler: _Subcommand | None = None
+        for name, (module, help_text) in SUBCOMMANDS.items():
+            sub = commands.add_parser(name, help=help_text, description=help_text)
+            if name == chosen:
+                handler = cast(_Subcommand, importlib.import_module(module))
+                handler.add_arguments(sub)
+        args = parser.parse_args(arguments)
+        if handler is None:  # argparse has refused any other command already
+            parser.error(f"unknown command {args.command!r}")
+        return handler.run(args)
+
+
+_TORCH_WITHOUT_NUMPY = "Failed to initialize NumPy"
+"""What torch warns, once, when it is imported without numpy installed.
+
+torch's wheels do not require numpy and capkv never converts a tensor to or
+from numpy, so in a capkv command the warning says nothing that matters: the
+command (and whatever torch it loads: ``demo``, ``bench``, a store named by
+``check``) runs with it filtered.
+"""
 
 
 if __name__ == "__main__":
