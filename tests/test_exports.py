@@ -115,7 +115,7 @@ FRONTS: dict[str, list[str]] = {
         "single_group_hint",
         "types_checked",
     ],
-    "capkv.mypy": ["CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"],
+    "capkv.mypy": ["CAPKV_CONNECTOR", "CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"],
     "capkv.cli": ["main"],
 }
 """Every public module and its exports."""
