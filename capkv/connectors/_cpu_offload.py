@@ -8,8 +8,11 @@ and copies run on a side stream.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
+from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._host_pool import HostPoolIndex
 from capkv.connectors._metadata import BlockMove
@@ -77,6 +80,13 @@ class HostPoolConnector(PrefixStoreConnector):
     pool. ``namespace`` separates models that share layer names and shapes.
     Whether it serves several groups is its subclasses' choice.
     """
+
+    extra_config_options: ClassVar[ConnectorOptions] = ConnectorOptions(
+        takes_spec=True,
+        capacity_blocks=Option(int, minimum=1, required=True, help="blocks the host pool holds"),
+        namespace=Option(str, help="separates models that share layer names and shapes"),
+    )
+    """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
 
     def __init__(self, spec: KVSpec, *, capacity_blocks: int, namespace: str = "") -> None:
         name = type(self).__name__

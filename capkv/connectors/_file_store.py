@@ -20,9 +20,11 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
+from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._block_file import (
     HEADER_SIZE,
@@ -182,6 +184,13 @@ class FileStoreConnector(PrefixStoreConnector):
     ``write_block`` writes one block file on the writer thread; replace it to
     hold, fail or observe this connector's writes (tests), and no other's.
     """
+
+    extra_config_options: ClassVar[ConnectorOptions] = ConnectorOptions(
+        takes_spec=True,
+        root=Option(str, required=True, help="the store's directory"),
+        namespace=Option(str, help="separates models that share layer names and shapes"),
+    )
+    """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
 
     def __init__(
         self,

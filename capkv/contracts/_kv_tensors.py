@@ -62,7 +62,9 @@ def check_kv_tensor(
             )
 
 
-def check_kv_cache_types(kv_caches: object, *, connector: str, method: str) -> Mapping[str, torch.Tensor]:
+def check_kv_cache_types(
+    kv_caches: object, *, connector: str, method: str, spec: KVSpec | None = None
+) -> Mapping[str, torch.Tensor]:
     """``kv_caches`` when it is a mapping of layer names (``str``) to ``torch.Tensor`` values.
 
     What every connector needs before reading anything else from it, so it runs
@@ -85,7 +87,7 @@ def check_kv_cache_types(kv_caches: object, *, connector: str, method: str) -> M
         if not isinstance(tensor, torch.Tensor):
             raise contract_error(
                 connector, method, f"kv_caches[{name!r}]", value=tensor, problem=f"is a {type(tensor).__name__}",
-                expected="a torch.Tensor", group=None,
+                expected="a torch.Tensor", group=None if spec is None else spec.layer_groups.get(name),
             )
     return cast("Mapping[str, torch.Tensor]", tensors)
 
@@ -98,7 +100,7 @@ def check_kv_caches(
     A missing layer would otherwise surface later and far away — when a copy
     first touches it — or never, as a layer whose KV is silently not moved.
     """
-    tensors = check_kv_cache_types(kv_caches, connector=connector, method=method)
+    tensors = check_kv_cache_types(kv_caches, connector=connector, method=method, spec=spec)
     layers = spec.layer_groups
     for name, tensor in tensors.items():
         if layers and name not in layers:

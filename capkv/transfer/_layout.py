@@ -110,7 +110,7 @@ class KVLayout:
     def __init__(self, spec: KVSpec, kv_caches: Mapping[str, torch.Tensor], *, owner: str) -> None:
         if not isinstance(spec, KVSpec):
             raise argument_error(owner, "spec", spec, "a capkv.KVSpec", connector=owner, method="register_kv_caches")
-        kv_caches = check_kv_cache_types(kv_caches, connector=owner, method="register_kv_caches")
+        kv_caches = check_kv_cache_types(kv_caches, connector=owner, method="register_kv_caches", spec=spec)
         if len(spec.groups) != spec.num_groups:
             raise ConfigError(
                 f"{owner}: the spec must describe each of its {spec.num_groups} groups (layer names, "
