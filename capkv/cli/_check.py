@@ -99,18 +99,18 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if unbuildable or findings.errors:
         return 2
-    print(_verdict(configured, args.groups) + _ok_note(root, args.classes_only))
+    print(_verdict(configured, args.groups, _ok_note(root, args.classes_only)))
     return 0
 
 
-def _verdict(configured: ConfiguredNode, groups: int | None) -> str:
+def _verdict(configured: ConfiguredNode, groups: int | None, note: str) -> str:
     """The ``ok`` line: for the groups asked about, or — unasked — for 1 and for 2 or more."""
     if groups is not None:
-        return f"ok: the stack can serve {_groups(groups)}"
+        return f"ok: the stack can serve {_groups(groups)}{note}"
     if supports_hma(_subject(configured)):
-        return "ok: the stack can serve any number of KV-cache groups (it is HMA-capable)"
+        return f"ok: the stack can serve any number of KV-cache groups (HMA-capable){note}"
     why = _capability_problems(configured, 2)
-    return f"ok for 1 KV-cache group; not for 2 or more: {why[0] if why else 'not HMA-capable'}"
+    return f"ok for 1 KV-cache group{note}; not for 2 or more: {why[0] if why else 'not HMA-capable'}"
 
 
 def _groups(count: int) -> str:

@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ import torch
 
 from capkv.capabilities._hma import StackNode
 from capkv.cli._check import import_user_module
+from capkv.cli._numbers import int_at_least
 from capkv.cli._progress import Progress, TextStream
 from capkv.cli._stack_spec import parse_stack
 from capkv.cli._stack_tree import Findings, Inspected, inspect_stack, tree_lines
@@ -50,24 +51,8 @@ __all__ = ["add_arguments", "run"]
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an int >= ``minimum``; anything else is refused in one line, never replaced by a default."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text, 10)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {value}")
-        return value
-
-    parse.__name__ = f"int >= {minimum}"
-    return parse
-
-
-_POSITIVE = _int_at_least(1)
-_NATURAL = _int_at_least(0)
+_POSITIVE = int_at_least(1)
+_NATURAL = int_at_least(0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--block-size", type=_POSITIVE, default=16, help="tokens per block (default: 16)")
     model.add_argument("--sliding-block-size", type=_POSITIVE, default=None,
                        help="tokens per block in sliding-window groups (default: --block-size)")
-    model.add_argument("--num-blocks", type=_int_at_least(2), default=1024,
+    model.add_argument("--num-blocks", type=int_at_least(2), default=1024,
                        help="blocks in the paged pool, the null block included (default: 1024)")
     model.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="(default: bfloat16)")
     stack = parser.add_argument_group("stack")

@@ -75,7 +75,7 @@ def build_connector(leaf: ConfiguredConnector, *, context: BuildContext | None =
             connector=label, method="build_stack", value=extra,
         )
     return call_user_code(lambda: leaf.cls(**extra), f'{where}cannot build "{leaf.name}" with '
-                          f"{leaf.cls.__name__}(**kv_connector_extra_config)", label, extra)
+                          f"{leaf.cls.__name__}(kv_connector_extra_config)", label, extra)
 
 
 def call_user_code(make: Callable[[], Any], doing: str, connector: str, value: object, method: str = "build_stack") -> Any:

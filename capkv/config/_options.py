@@ -46,8 +46,8 @@ class Option:
     """
 
     types: type[Any] | tuple[type[Any], ...]
-    minimum: float | None = None
-    maximum: float | None = None
+    minimum: int | float | None = None
+    maximum: int | float | None = None
     choices: tuple[object, ...] | None = None
     required: bool = False
     help: str = ""
