@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     )
     from capkv.contracts._spec import KVGroupSpec, KVSpec
     from capkv.errors import (
+        ArgumentError,
         CapabilityError,
         CapkvError,
         ConfigError,
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "ArgumentError",
     "AttentionMetadata",
     "BlockIds",
     "CapabilityError",
@@ -120,6 +122,7 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
             ],
             "capkv.contracts._spec": ["KVGroupSpec", "KVSpec"],
             "capkv.errors": [
+                "ArgumentError",
                 "CapabilityError",
                 "CapkvError",
                 "ConfigError",

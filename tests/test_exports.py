@@ -21,6 +21,7 @@ ROOT = Path(capkv.__file__).resolve().parent
 
 FRONTS: dict[str, list[str]] = {
     "capkv": [
+        "ArgumentError",
         "AttentionMetadata",
         "BlockIds",
         "CapabilityError",
@@ -60,14 +61,21 @@ FRONTS: dict[str, list[str]] = {
         "require_hma",
         "supports_hma",
     ],
-    "capkv.errors": ["CapabilityError", "CapkvError", "ConfigError", "ConflictError", "ContractError", "MetadataError"],
+    "capkv.errors": ["ArgumentError", "CapabilityError", "CapkvError", "ConfigError", "ConflictError", "ContractError", "MetadataError"],
     "capkv.config": [
         "ENTRY_POINT_GROUP",
+        "BuildContext",
         "ConfiguredConnector",
         "ConfiguredNode",
         "ConfiguredStack",
+        "ConnectorFactory",
+        "ConnectorOptions",
         "ConnectorRegistry",
+        "Option",
+        "build_connector",
         "build_stack",
+        "check_extra_config",
+        "declared_options",
         "default_registry",
         "load_stack",
         "load_stack_file",

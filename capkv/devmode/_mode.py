@@ -35,6 +35,16 @@ ENV_VAR = "CAPKV_DEV"
 
 _OFF_VALUES = frozenset({"0", "false", "no", "off"})
 
+_UNCHECKED = (
+    "capkv.devmode",
+    "capkv.contracts._arguments",
+    "capkv.contracts._block_ids",
+    "capkv.contracts._id_scan",
+    "capkv.contracts._kv_tensors",
+    "capkv.contracts._violation",
+)
+"""Modules left out of dev mode's beartype: validators that check every element of what they get."""
+
 _override: bool | None = None
 _types_checked = False
 _types_decided = False
@@ -91,9 +101,10 @@ def check_capkv_types() -> None:
     Type-hint violations in calls into capkv then raise :class:`~capkv.ContractError`,
     like every other dev-mode contract. Modules imported before this call are left as
     they are, so the fronts (:mod:`capkv._lazy`) run it before they import an
-    implementation module. ``capkv.devmode`` itself is skipped: its checks take
-    ``object`` and judge every element themselves, and beartype around them would
-    only slow down every checked call; so is the mypy plugin, which runs inside mypy.
+    implementation module. ``capkv.devmode`` itself and the contract validators
+    (:data:`_UNCHECKED`) are skipped: they take ``object`` and judge every element
+    themselves, and beartype around them would only slow down every checked call;
+    so is the mypy plugin, which runs inside mypy.
     """
     global _types_checked, _types_decided
     if _types_decided:  # decided once per process, by the switch at the first call
@@ -106,6 +117,6 @@ def check_capkv_types() -> None:
 
     from capkv.errors import ContractError
 
-    conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=("capkv.devmode", "capkv.mypy"))
+    conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=(*_UNCHECKED, "capkv.mypy"))
     beartype_package("capkv", conf=conf)
     _types_checked = True
