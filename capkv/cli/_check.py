@@ -51,7 +51,7 @@ from capkv.capabilities._facts import (
 from capkv.capabilities._hma import supports_hma
 from capkv.capabilities._serving import require_hma
 from capkv.composite._agreement import child_label, combine
-from capkv.composite._multi import answers_by_agreement, stack_class
+from capkv.composite._building import answers_by_agreement, stack_class
 from capkv.config._build import build_connector
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack, load_stack_file
 from capkv.errors import CapkvError, ConfigError
