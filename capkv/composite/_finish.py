@@ -13,7 +13,7 @@ would free them under a running copy.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from capkv.composite._fanout import Failures, bad_answer
 from capkv.contracts._engine import KVTransferParams, Request
@@ -45,15 +45,15 @@ class FinishRoutine:
         index = 0
         for finish in finishers:
             try:
-                answer = finish(request, block_ids)
+                answer: Any = finish(request, block_ids)
             except Exception as exc:
                 failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
             else:
                 try:
                     delay_free, params = answer
                 except (TypeError, ValueError):
-                    exc = bad_answer(self._names[index], method, answer, "a (delay_free, kv_transfer_params) pair")
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                    bad = bad_answer(self._names[index], method, answer, "a (delay_free, kv_transfer_params) pair")
+                    failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
                 else:
                     if delay_free:
                         savers |= 1 << index
@@ -77,7 +77,7 @@ class FinishRoutine:
     def _merge_params(self, returned: list[tuple[int, Any]], method: str, clashes: Failures) -> KVTransferParams:
         """Merge the children's ``kv_transfer_params``; a key given twice is a conflict (first one wins)."""
         if len(returned) == 1 and isinstance(returned[0][1], dict):
-            return dict(returned[0][1])
+            return dict(cast("KVTransferParams", returned[0][1]))
         merged: KVTransferParams = {}
         owners: dict[str, int] = {}
         for index, params in returned:
@@ -85,7 +85,7 @@ class FinishRoutine:
                 clashes.append((index, bad_answer(self._names[index], method, params,
                                                   "kv_transfer_params as a dict, or None")))
                 continue
-            for key, value in params.items():
+            for key, value in cast("Mapping[str, object]", params).items():
                 if key in merged:
                     clashes.append((index, ConflictError(
                         f"{self._names[index]}.{method} returned kv_transfer_params key "

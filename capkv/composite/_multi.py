@@ -101,14 +101,14 @@ class MultiConnector(StackRuntime, Generic[Unpack[_Ts]]):
     ) -> MultiConnector[Unpack[tuple[Any, ...]]]: ...
     @overload
     def __new__(cls, first: KVConnector, /, *rest: KVConnector, **options: Any) -> Self: ...
-    def __new__(cls, *children: object, **options: Any) -> Self:
+    def __new__(cls, /, *children: object, **options: Any) -> Any:
         """Build the stack; its class (plain or HMA) is decided here, from the children.
 
         ``options`` are a subclass's own keyword arguments: they go to its ``__init__``.
         """
         # ``object``: the children are checked at run time, with a CapabilityError that names
         # the offender — also in dev mode, where beartype would otherwise refuse them first.
-        return cast("Self", build_stack(cls, children, options))
+        return build_stack(cls, children, options)
 
     @property
     def children(self) -> tuple[Unpack[_Ts]]:

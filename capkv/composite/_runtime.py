@@ -163,7 +163,7 @@ class StackRuntime(FinishRoutine, StackNode):
         index = 0
         for child in self._children:
             try:
-                answer = child.get_num_new_matched_tokens(request, num_computed_tokens)
+                answer: Any = child.get_num_new_matched_tokens(request, num_computed_tokens)
             except Exception as exc:
                 failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
                 index += 1
@@ -177,8 +177,8 @@ class StackRuntime(FinishRoutine, StackNode):
                     self._load_choice.pop(request.request_id, None)
                     return _ASK_AGAIN
             elif type(tokens) is not int or tokens < 0:
-                exc = bad_answer(self._names[index], "get_num_new_matched_tokens", answer, _HIT)
-                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                bad = bad_answer(self._names[index], "get_num_new_matched_tokens", answer, _HIT)
+                failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
             elif tokens and chosen is _NO_HIT:
                 self._load_choice[request.request_id] = (index, bool(load_async))
                 chosen = (tokens, bool(load_async))
@@ -298,12 +298,12 @@ class StackRuntime(FinishRoutine, StackNode):
 
     def get_required_kvcache_layout(self) -> str | None:
         """The layout the children need; children asking for different layouts conflict."""
-        answers = self._ask("get_required_kvcache_layout")
+        answers = cast("list[str | None]", self._ask("get_required_kvcache_layout"))
         return agreed_layout(type(self).__name__, list(zip(self._names, answers, strict=True)))
 
     def get_finished_count(self) -> int | None:
         """The children's finished count; they must all give the same answer."""
-        answers = self._ask("get_finished_count")
+        answers = cast("list[int | None]", self._ask("get_finished_count"))
         return agreed_finished_count(type(self).__name__, list(zip(self._names, answers, strict=True)))
 
     def requires_piecewise_for_cudagraph(self) -> bool:
@@ -420,7 +420,7 @@ class StackRuntime(FinishRoutine, StackNode):
         index = 0
         for child in self._children:
             try:
-                answer = child.get_finished(finished_req_ids)
+                answer: Any = child.get_finished(finished_req_ids)
             except Exception as exc:
                 failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
                 index += 1
@@ -428,8 +428,8 @@ class StackRuntime(FinishRoutine, StackNode):
             try:
                 child_sending, child_recving = answer
             except (TypeError, ValueError):
-                exc = bad_answer(self._names[index], "get_finished", answer, _IDS)
-                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                bad = bad_answer(self._names[index], "get_finished", answer, _IDS)
+                failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
                 index += 1
                 continue
             if child_sending:
@@ -445,8 +445,8 @@ class StackRuntime(FinishRoutine, StackNode):
                         elif verdict is not False:
                             self._dropped.add(self._names[index], verdict, request_id)
                 else:
-                    exc = bad_answer(self._names[index], "get_finished", answer, _IDS)
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                    bad = bad_answer(self._names[index], "get_finished", answer, _IDS)
+                    failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
             if child_recving:
                 if isinstance(child_recving, (set, frozenset)):
                     receives = self._receives
@@ -460,8 +460,8 @@ class StackRuntime(FinishRoutine, StackNode):
                         else:
                             self._dropped.add(self._names[index], dropped, request_id)
                 else:
-                    exc = bad_answer(self._names[index], "get_finished", answer, _IDS)
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                    bad = bad_answer(self._names[index], "get_finished", answer, _IDS)
+                    failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
             index += 1
         if failures:
             self._held_sending, self._held_recving = sending, recving
@@ -475,18 +475,18 @@ class StackRuntime(FinishRoutine, StackNode):
         failures: Failures | None = None
         for index, child in enumerate(self._children):
             try:
-                reported = child.get_block_ids_with_load_errors()
+                reported = cast(object, child.get_block_ids_with_load_errors())
             except Exception as exc:
                 failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
                 continue
             if not reported:
                 continue
             if not isinstance(reported, Mapping):
-                exc = bad_answer(
+                bad = bad_answer(
                     self._names[index], "get_block_ids_with_load_errors", reported,
                     "failed block ids per KV-cache group: {group index: set of block ids}",
                 )
-                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
                 continue
             for group, block_ids in cast("LoadErrors", reported).items():
                 if block_ids:
@@ -630,8 +630,8 @@ class StackRuntime(FinishRoutine, StackNode):
         self._receives.restore(state["receives"])
         (self._held_sending, self._held_recving, self._held_errors, self._held_events,
          self._held_worker_metas, self._held_stats) = state["held"]
-        if "__dict__" in state:
-            self.__dict__.update(state["__dict__"])
+        for name, value in state.get("__dict__", {}).items():
+            setattr(self, name, value)
 
 
 def _merge_stats(held: dict[int, object], new: dict[int, object]) -> dict[int, object]:
