@@ -68,7 +68,7 @@ def build_stack(cls: type[Any], children: tuple[object, ...], init_kwargs: dict[
         )
     stack = cast("StackRuntime", object.__new__(stack_class(cls, children)))
     names = tuple(child_label(i, describe(c)) for i, c in enumerate(children, start=1))
-    stack._setup(cast("tuple[KVConnector, ...]", children), names, hma, init_kwargs)
+    stack._setup(cast("tuple[KVConnector, ...]", children), names, hma, init_kwargs)  # pyright: ignore[reportPrivateUsage]
     return stack
 
 
@@ -147,7 +147,7 @@ def _hma_variant(cls: type[Any]) -> type[Any]:
     """The HMA class to build for ``cls``: itself, ``HMAMultiConnector``, or a cached mix-in of both."""
     from capkv.composite._multi import HMAMultiConnector, MultiConnector
 
-    if issubclass(cls, HMAMultiConnector):
+    if HMAMultiConnector in cls.__mro__:
         return cls
     if cls is MultiConnector:
         return HMAMultiConnector
