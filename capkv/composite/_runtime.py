@@ -59,6 +59,8 @@ _IDS = "(finished_sending, finished_recving), each a set of request ids or None"
 class StackRuntime(FinishRoutine, StackNode):
     """The run-time behaviour of a stack: load from the first child with a hit, save to all."""
 
+    hma_by_children = True  # built as its HMA variant exactly when every child is HMA-capable
+
     __slots__ = (
         "_children",
         "_names",
@@ -171,8 +173,8 @@ class StackRuntime(FinishRoutine, StackNode):
             try:
                 tokens, load_async = answer
             except (TypeError, ValueError):
-                tokens, load_async = answer, False
-            if tokens is None and answer is not None:
+                tokens, load_async = -1, False  # not a pair: refused below, with the answer itself
+            if tokens is None:
                 if failures is None:
                     self._load_choice.pop(request.request_id, None)
                     return _ASK_AGAIN
