@@ -207,15 +207,23 @@ class StackRuntime(FinishRoutine, StackNode):
                 index += 1
         else:
             loader, load_async = choice
-            if load_async:
-                self._loads[request.request_id] = loader
             for index, child in enumerate(self._children):
                 try:
                     child.update_state_after_alloc(request, blocks, num_external_tokens if index == loader else 0)
                 except Exception as exc:
                     failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                    if index == loader:
+                        choice = None
+            if choice is not None and load_async:
+                self._loads[request.request_id] = loader
         if failures:
-            raise failure(type(self).__name__, self._names, "update_state_after_alloc", failures, TOLD)
+            started = 0 if choice is None else max(num_external_tokens, 0)
+            raise failure(
+                type(self).__name__, self._names, "update_state_after_alloc", failures,
+                f"{TOLD}; .partial is the number of external tokens whose load started ({started}): "
+                "an asynchronous load is reported in finished_recving when it ends",
+                partial=started,
+            )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> MultiConnectorMetadata:
         """Children's metadata in order, plus the stack's own book: who saves, who loads."""
