@@ -50,6 +50,7 @@ __all__ = ["StackRuntime"]
 _M = TypeVar("_M", MultiConnectorMetadata, MultiWorkerMetadata)
 _new = object.__new__
 _set = object.__setattr__
+_UNSET: Any = object()  # a child's answer before its call returned
 _NO_HIT: tuple[int | None, bool] = (0, False)
 _ASK_AGAIN: tuple[int | None, bool] = (None, False)
 _HIT = "(tokens, load_async) with tokens a non-negative int, or None to be asked again"
@@ -162,29 +163,29 @@ class StackRuntime(FinishRoutine, StackNode):
             self._load_choice.pop(request.request_id, None)
         chosen: tuple[int | None, bool] = _NO_HIT
         failures: Failures | None = None
-        index = 0
         for child in self._children:
+            answer: Any = _UNSET
             try:
-                answer: Any = child.get_num_new_matched_tokens(request, num_computed_tokens)
-            except Exception as exc:
-                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                index += 1
-                continue
-            try:
+                answer = child.get_num_new_matched_tokens(request, num_computed_tokens)
                 tokens, load_async = answer
-            except (TypeError, ValueError):
-                tokens, load_async = -1, False  # not a pair: refused below, with the answer itself
-            if tokens is None:
+            except Exception as exc:
+                failures = self._failed_answer(failures, child, exc, answer, "get_num_new_matched_tokens", _HIT)
+                continue
+            if type(tokens) is int:
+                if tokens > 0:
+                    if chosen is _NO_HIT:
+                        self._load_choice[request.request_id] = (self._position(child), bool(load_async))
+                        chosen = (tokens, bool(load_async))
+                    continue
+                if tokens == 0:
+                    continue
+            elif tokens is None:
                 if failures is None:
                     self._load_choice.pop(request.request_id, None)
                     return _ASK_AGAIN
-            elif type(tokens) is not int or tokens < 0:
-                bad = bad_answer(self._names[index], "get_num_new_matched_tokens", answer, _HIT)
-                failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
-            elif tokens and chosen is _NO_HIT:
-                self._load_choice[request.request_id] = (index, bool(load_async))
-                chosen = (tokens, bool(load_async))
-            index += 1
+                continue
+            bad = bad_answer(self._names[self._position(child)], "get_num_new_matched_tokens", answer, _HIT)
+            failures = self._failed_child(failures, child, bad)
         if failures:
             self._load_choice.pop(request.request_id, None)
             raise failure(type(self).__name__, self._names, "get_num_new_matched_tokens", failures,
@@ -198,13 +199,11 @@ class StackRuntime(FinishRoutine, StackNode):
         choice = self._load_choice.get(request.request_id) if self._load_choice else None
         failures: Failures | None = None
         if choice is None or num_external_tokens <= 0:
-            index = 0
             for child in self._children:
                 try:
                     child.update_state_after_alloc(request, blocks, 0)
                 except Exception as exc:
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                index += 1
+                    failures = self._failed_child(failures, child, exc)
         else:
             loader, load_async = choice
             for index, child in enumerate(self._children):
@@ -261,13 +260,11 @@ class StackRuntime(FinishRoutine, StackNode):
         worker_meta = connector_output.worker_meta
         failures: Failures | None = None
         if worker_meta is None:
-            index = 0
             for child in self._children:
                 try:
                     child.update_connector_output(connector_output)
                 except Exception as exc:
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                index += 1
+                    failures = self._failed_child(failures, child, exc)
         else:
             per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
             fields: dict[str, Any] | None = getattr(connector_output, "__dict__", None)
@@ -590,9 +587,21 @@ class StackRuntime(FinishRoutine, StackNode):
         if failures:
             raise failure(type(self).__name__, self._names, method, failures, TOLD)
 
+    def _position(self, child: KVConnector) -> int:
+        """A child's index in the stack (by identity: a child sits at one place only)."""
+        return next(i for i, c in enumerate(self._children) if c is child)
+
     def _failed_child(self, failures: Failures | None, child: KVConnector, exc: Exception) -> Failures:
-        index = next(i for i, c in enumerate(self._children) if c is child)
+        index = self._position(child)
         return [(index, exc)] if failures is None else [*failures, (index, exc)]
+
+    def _failed_answer(self, failures: Failures | None, child: KVConnector, exc: Exception, answer: object,
+                       method: str, expected: str) -> Failures:
+        """A child's own exception, or — when its call returned (``answer`` set) but the answer was
+        not a pair — capkv's verdict on that answer."""
+        if answer is not _UNSET and isinstance(exc, (TypeError, ValueError)):
+            exc = bad_answer(self._names[self._position(child)], method, answer, expected)
+        return self._failed_child(failures, child, exc)
 
     def _expect(self, metadata: object, kind: type[_M], method: str) -> _M:
         """``metadata`` as the composite's own kind, or a :class:`~capkv.MetadataError`."""
