@@ -31,7 +31,7 @@ from capkv import BlockIds, CapkvError, FinishError, KVConnectorBase, KVConnecto
 from tests.fakes import Req
 
 SCHEDULES = int(__import__("os").environ.get("CAPKV_SCHEDULES", "2000"))
-STEPS = 30
+STEPS = 20
 FAULTY = ("request_finished_all_groups", "build_connector_meta", "bind_connector_metadata", "get_finished",
           "update_connector_output", "get_num_new_matched_tokens", "update_state_after_alloc")
 
