@@ -115,9 +115,12 @@ class SchedulerSide(FinishRoutine, StackState):
                 append(NOT_BUILT)
         books = self._unsent
         if self._savers or self._loads:
+            savers: dict[str, int] = {}
+            for request_id, mask in self._savers:  # finished requests, in order, since the last book
+                savers[request_id] = savers.get(request_id, 0) | mask
             self._serial += 1
-            books = (*books, Book(self._origin, self._serial, self._savers, self._loads))
-            self._savers = {}
+            books = (*books, Book(self._origin, self._serial, savers, self._loads))
+            self._savers = []
             self._loads = {}
         metadata = MultiConnectorMetadata(tuple(metas), books)
         if failures:
