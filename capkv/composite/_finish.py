@@ -50,6 +50,12 @@ class FinishRoutine:
                 delay_free, params = answer
             except Exception as exc:
                 failures = self._finish_fault(failures, bit.bit_length() - 1, exc, answer, method)
+                if isinstance(exc, FinishError):  # a nested stack: some of its children may be saving
+                    if exc.delay_free:
+                        savers |= bit
+                    if exc.kv_transfer_params:
+                        item = (bit.bit_length() - 1, exc.kv_transfer_params)
+                        returned = [item] if returned is None else [*returned, item]
             else:
                 if delay_free:
                     savers |= bit
