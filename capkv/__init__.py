@@ -47,7 +47,9 @@ if TYPE_CHECKING:
         ConfigError,
         ConflictError,
         ContractError,
+        FinishError,
         MetadataError,
+        SubConnectorError,
     )
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "ConflictError",
     "ConnectorMetadata",
     "ContractError",
+    "FinishError",
     "ForwardContext",
     "HMAConnector",
     "HMAMultiConnector",
@@ -81,6 +84,7 @@ __all__ = [
     "Request",
     "SchedulerOutput",
     "StackNode",
+    "SubConnectorError",
     "SupportsHMA",
     "TokenRequest",
     "WorkerMetadata",
@@ -128,8 +132,10 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
                 "ConfigError",
                 "ConflictError",
                 "ContractError",
+                "FinishError",
                 "MetadataError",
+                "SubConnectorError",
             ],
         },
-        submodules=["cli", "config", "connectors", "devmode", "engine", "errors", "mypy", "transfer"],
+        submodules=["cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "transfer"],
     )

@@ -31,6 +31,7 @@ FRONTS: dict[str, list[str]] = {
         "ConflictError",
         "ConnectorMetadata",
         "ContractError",
+        "FinishError",
         "ForwardContext",
         "HMAConnector",
         "HMAMultiConnector",
@@ -51,6 +52,7 @@ FRONTS: dict[str, list[str]] = {
         "Request",
         "SchedulerOutput",
         "StackNode",
+        "SubConnectorError",
         "SupportsHMA",
         "TokenRequest",
         "WorkerMetadata",
@@ -61,7 +63,18 @@ FRONTS: dict[str, list[str]] = {
         "require_hma",
         "supports_hma",
     ],
-    "capkv.errors": ["ArgumentError", "CapabilityError", "CapkvError", "ConfigError", "ConflictError", "ContractError", "MetadataError"],
+    "capkv.errors": [
+        "ArgumentError",
+        "CapabilityError",
+        "CapkvError",
+        "ConfigError",
+        "ConflictError",
+        "ContractError",
+        "FinishError",
+        "MetadataError",
+        "SubConnectorError",
+    ],
+    "capkv.composite": ["NOT_BUILT", "Drop", "DroppedReports"],
     "capkv.config": [
         "ENTRY_POINT_GROUP",
         "BuildContext",
@@ -128,7 +141,7 @@ FRONTS: dict[str, list[str]] = {
 }
 """Every public module and its exports."""
 
-INTERNAL_PACKAGES = {"capkv.capabilities", "capkv.composite", "capkv.contracts"}
+INTERNAL_PACKAGES = {"capkv.capabilities", "capkv.contracts"}
 """Packages that only hold private modules; their names are public from ``capkv``. They export nothing."""
 
 ALIASES = {("capkv", "capkv.errors")}
