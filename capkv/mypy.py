@@ -130,10 +130,14 @@ class CapkvPlugin(Plugin):
         children: list[Type] = []
         labels: list[str] = []  # how an error names each child: by position while positions are known
         exact = True
+        options = False  # keyword arguments: a subclass's own options, not children
         for expr, kind in zip(call.args, call.arg_kinds):
+            if kind not in (ARG_POS, ARG_STAR):
+                options = True
+                continue
             typ = by_expr.get(id(expr))
             proper = get_proper_type(typ) if typ is not None else None
-            if proper is None or kind not in (ARG_POS, ARG_STAR):
+            if proper is None:
                 return ctx.default_return_type
             items: list[Type] | None = None
             if kind == ARG_POS:
@@ -155,6 +159,8 @@ class CapkvPlugin(Plugin):
             return ctx.default_return_type
         if not all(self._rule.is_connector(child) for child in children):
             return self._explain_children(ctx.api, call, children, labels)
+        if options:
+            return ctx.default_return_type  # the subclass's own constructor types the call
         hma = all(self._rule.is_hma(child) for child in children)
         return self._rule.stack(children, hma=hma) if exact else self._rule.any_arity_stack(hma=hma)
 
@@ -194,8 +200,13 @@ class CapkvPlugin(Plugin):
         if _is_catch_all(signature):
             # The last item takes any children, so that a non-connector child reaches
             # the function hook (_explain_children) instead of failing every item.
+            # Only parameters typed KVConnector widen: a subclass's own options keep their types.
             anything = ctx.api.named_generic_type("builtins.object", [])
-            signature = signature.copy_modified(arg_types=[anything] * len(signature.arg_types))  # pyright: ignore[reportUnknownMemberType]
+            widened = [
+                anything if kind in (ARG_POS, ARG_STAR) and _is_connector_type(typ) else typ
+                for kind, typ in zip(signature.arg_kinds, signature.arg_types)
+            ]
+            signature = signature.copy_modified(arg_types=widened)  # pyright: ignore[reportUnknownMemberType]
         call = ctx.context
         if self._evaluating or not isinstance(call, CallExpr) or not _plausible(signature, call):
             return signature
@@ -299,6 +310,11 @@ def _plausible(signature: CallableType, call: CallExpr) -> bool:
 def _is_catch_all(signature: CallableType) -> bool:
     """The overload item for any number of plain connectors: ``(KVConnector, /, *rest: KVConnector)``."""
     return signature.is_var_arg and not _is_hma_item(signature)
+
+
+def _is_connector_type(typ: Type) -> bool:
+    proper = get_proper_type(typ)
+    return isinstance(proper, Instance) and proper.type.fullname == CONNECTOR
 
 
 def _is_hma_item(signature: CallableType) -> bool:

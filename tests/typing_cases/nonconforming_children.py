@@ -59,3 +59,15 @@ MultiConnector(hma, MultiConnector(WrongReturn()))  # expect-error
 # ^ mypy+plugin: MultiConnector: sub-connector #1 "WrongReturn" is not a KVConnector (wait_for_save: returns "int", the contract needs "None")  [capkv-connector]
 MultiConnector(*[Renamed()])  # expect-error
 # ^ mypy+plugin: MultiConnector: an unpacked sub-connector "Renamed" is not a KVConnector (save_kv_layer: parameter "layer_name" is named "name")  [capkv-connector]
+
+
+class Tiered(MultiConnector[*tuple[Any, ...]]):
+    """A subclass with an option of its own: the option keeps its type, the children are explained."""
+
+    def __init__(self, *children: KVConnector, threshold: int = 3) -> None:
+        self.threshold = threshold
+
+
+Tiered(hma, Renamed(), threshold=2)  # expect-error
+# ^ mypy+plugin: Tiered: sub-connector #2 "Renamed" is not a KVConnector (save_kv_layer: parameter "layer_name" is named "name")  [capkv-connector]
+Tiered(hma, threshold="high")  # expect-error
