@@ -2,6 +2,9 @@
 
 - :class:`CPUOffloadConnector`: a host block pool with LRU eviction;
 - :class:`FileStoreConnector`: one crash-safe file per block in a directory;
+- :class:`RedisStoreConnector`: blocks in Redis (a server or a cluster), shared
+  by every engine that uses it (``pip install 'capkv[redis]'``; imported on
+  first use, so ``import capkv.connectors`` never imports ``redis``);
 - :class:`SingleGroupOffloadConnector`: single-group on purpose, the
   counter-example that type checkers and :func:`capkv.check_stack` reject on
   multi-group models.
@@ -10,6 +13,8 @@ All key blocks by group and a chained content hash of the token prefix, so the
 two stores interoperate in a ``MultiConnector`` stack.
 """
 
+from typing import TYPE_CHECKING
+
 from capkv.connectors.base import PrefixStoreConnector
 from capkv.connectors.cpu_offload import CPUOffloadConnector, HostPoolConnector
 from capkv.connectors.file_store import FileStoreConnector
@@ -17,6 +22,9 @@ from capkv.connectors.hits import GroupGeometry, longest_hit
 from capkv.connectors.keys import BlockKey, PrefixHasher
 from capkv.connectors.metadata import BlockMove, SaveReport, StoreMetadata
 from capkv.connectors.single_group import SingleGroupOffloadConnector
+
+if TYPE_CHECKING:
+    from capkv.connectors._redis_store import RedisStoreConnector
 
 __all__ = [
     "BlockKey",
@@ -27,8 +35,19 @@ __all__ = [
     "GroupGeometry",
     "PrefixHasher",
     "PrefixStoreConnector",
+    "RedisStoreConnector",
     "SaveReport",
     "SingleGroupOffloadConnector",
     "StoreMetadata",
     "longest_hit",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``RedisStoreConnector`` on first use (PEP 562), so importing the package stays cheap."""
+    if name == "RedisStoreConnector":
+        from capkv.connectors._redis_store import RedisStoreConnector
+
+        globals()[name] = RedisStoreConnector
+        return RedisStoreConnector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,6 +15,7 @@ nor releases them early.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from capkv.connectors.hits import GroupGeometry, longest_hit
@@ -25,7 +26,7 @@ from capkv.contracts.spec import KVSpec
 from capkv.devmode.blocks import check_block_groups
 from capkv.errors import ContractError, MetadataError
 
-__all__ = ["StoreIndex", "StoreScheduler"]
+__all__ = ["BatchedStoreIndex", "StoreIndex", "StoreScheduler"]
 
 
 @runtime_checkable
@@ -63,6 +64,24 @@ class StoreIndex(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchedStoreIndex(StoreIndex, Protocol):
+    """A store index that answers best in batches (a remote store: one round trip, not one per block).
+
+    The scheduler names the keys it is about to ask about; the index may learn
+    them all at once and answer ``loadable``/``holds``/``pin`` from what it
+    learnt, until the step's metadata is built (:meth:`forget`).
+    """
+
+    def lookup(self, keys: Sequence[BlockKey], /) -> None:
+        """The scheduler will ask about ``keys`` next."""
+        ...
+
+    def forget(self) -> None:
+        """A step's metadata was built: what was learnt before may be stale now."""
+        ...
+
+
 class StoreScheduler:
     """Hit lookup, load and save planning for every KV-cache group of one spec."""
 
@@ -70,6 +89,7 @@ class StoreScheduler:
         self._owner = owner
         self._spec = spec
         self._index = index
+        self._batched = index if isinstance(index, BatchedStoreIndex) else None
         self._hasher = hasher
         self._geometry = tuple(
             GroupGeometry(group.block_size or 1, group.sliding_window) for group in spec.groups
@@ -96,6 +116,13 @@ class StoreScheduler:
         total = len(request.all_token_ids)
         self._check_token_count(num_computed_tokens, total, request.request_id, method, "num_computed_tokens")
         limit = total - 1  # the engine must compute at least the last token
+
+        if self._batched is not None:
+            self._batched.lookup([
+                keys.key(group, block, method=method)
+                for group, geometry in enumerate(self._geometry)
+                for block in range(num_computed_tokens // geometry.block_size, limit // geometry.block_size)
+            ])
 
         def present(group: int, block: int) -> bool:
             return self._index.loadable(keys.key(group, block, method=method))
@@ -186,6 +213,8 @@ class StoreScheduler:
             for block in range(min(computed // geometry.block_size, len(block_ids[group])))
             if block_ids[group][block] != self._null
         )
+        if self._batched is not None:
+            self._batched.lookup([keys.key(group, block, method=method) for _, group, block in candidates])
         planned: dict[int, list[tuple[int, BlockKey, int]]] = {}
         for _, group, block in candidates:
             key = keys.key(group, block, method=method)
@@ -217,6 +246,8 @@ class StoreScheduler:
         if self._pinned:
             self._pinned_by_step[self._step] = self._pinned
         self._loads, self._saves, self._unavailable, self._pinned = [], [], [], []
+        if self._batched is not None:
+            self._batched.forget()
         return metadata
 
     def output(self, connector_output: KVConnectorOutput) -> None:
