@@ -28,6 +28,7 @@ from capkv.capabilities.hma import StackNode
 from capkv.cli.progress import Progress, TextStream
 from capkv.cli.stack_spec import build_stack, parse_stack, render_stack
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupOffloadConnector
+from capkv.config.registry import default_registry
 from capkv.contracts.connector import KVConnector
 from capkv.contracts.spec import KVSpec
 from capkv.engine import Engine, ModelShape, VerificationError, Workload
@@ -61,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="blocks the host pool of cpu (and single) holds (default: 2048)")
     stack.add_argument("--store-dir", type=Path, default=None,
                        help="directory of the file store (default: a temporary directory, removed afterwards)")
+    stack.add_argument("--redis-url", default="redis://127.0.0.1:6379",
+                       help="server (or any cluster node) of the redis store; needs capkv[redis] "
+                            "(default: redis://127.0.0.1:6379)")
     work = parser.add_argument_group("workload")
     work.add_argument("--requests", type=int, default=32, help="requests per run (default: 32)")
     work.add_argument("--prefixes", type=int, default=4, help="distinct shared prefixes (default: 4)")
@@ -86,9 +90,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(error)
     with _store_directory(args.store_dir) as directory:
         try:
-            settings = StackSettings(shape.kv_spec(), directory, args.cpu_blocks)
+            settings = StackSettings(shape.kv_spec(), directory, args.cpu_blocks, args.redis_url)
             stack = build_stack(tree, {name: functools.partial(make, settings) for name, make in CONNECTORS.items()})
-        except CapkvError as error:
+        except (CapkvError, ImportError) as error:
             return _fail(error)
         _print_setup(out, shape, workload, stack)
         try:
@@ -111,6 +115,7 @@ class StackSettings:
     spec: KVSpec
     store_dir: Path
     cpu_blocks: int
+    redis_url: str = "redis://127.0.0.1:6379"
 
 
 ConnectorFactory = Callable[[StackSettings], KVConnector[Any]]
@@ -128,7 +133,12 @@ def _single(settings: StackSettings) -> KVConnector[Any]:
     return SingleGroupOffloadConnector(settings.spec, capacity_blocks=settings.cpu_blocks)
 
 
-CONNECTORS: dict[str, ConnectorFactory] = {"cpu": _cpu, "file": _file, "single": _single}
+def _redis(settings: StackSettings) -> KVConnector[Any]:
+    connector: type[KVConnector[Any]] = default_registry.resolve("redis")  # imports redis only when used
+    return connector(settings.spec, url=settings.redis_url)
+
+
+CONNECTORS: dict[str, ConnectorFactory] = {"cpu": _cpu, "file": _file, "redis": _redis, "single": _single}
 """The names ``--stack`` knows. Add your own to try your connector in the demo."""
 
 
@@ -216,6 +226,10 @@ def _leaf_detail(leaf: object) -> str:
         return str(leaf.root)
     if isinstance(leaf, CPUOffloadConnector):
         return f"{leaf.pool.capacity} blocks"
+    if type(leaf).__name__ == "RedisStoreConnector":  # not imported here: it is optional
+        url, kv = getattr(leaf, "url", ""), getattr(leaf, "kv", None)
+        reachable = getattr(kv, "ping", lambda: True)()
+        return f"{url}{'' if reachable else '  (not answering: every lookup a miss)'}"
     return ""
 
 
@@ -301,7 +315,7 @@ def _store_directory(given: Path | None) -> Generator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _fail(error: CapkvError | OSError, context: str = "error") -> int:
+def _fail(error: CapkvError | OSError | ImportError, context: str = "error") -> int:
     sys.stdout.flush()
     print(f"capkv demo: {context}: {type(error).__name__}: {error}", file=sys.stderr)
     return 2

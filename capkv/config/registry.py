@@ -35,6 +35,8 @@ BUILTIN_CONNECTORS: Mapping[str, str] = {
     "MultiConnector": "capkv.composite.multi:MultiConnector",
     "CPUOffloadConnector": "capkv.connectors.cpu_offload:CPUOffloadConnector",
     "FileStoreConnector": "capkv.connectors.file_store:FileStoreConnector",
+    "RedisStoreConnector": "capkv.connectors._redis_store:RedisStoreConnector",
+    "redis": "capkv.connectors._redis_store:RedisStoreConnector",
     "SingleGroupOffloadConnector": "capkv.connectors.single_group:SingleGroupOffloadConnector",
 }
 """capkv's own connectors, by the names vLLM configurations use (one line per connector)."""
