@@ -26,7 +26,7 @@ FINGERPRINT_SIZE = 16
 
 _MAGIC = b"CAPKVRB\x00"
 _VERSION = 1
-_HEADER = struct.Struct(f"<8sHHI{DIGEST_SIZE}s{FINGERPRINT_SIZE}sQI4x")
+_HEADER = struct.Struct(f"<8sHHI{DIGEST_SIZE}s{FINGERPRINT_SIZE}sQII")
 HEADER_SIZE = _HEADER.size
 """Bytes before the payload (64)."""
 
@@ -45,7 +45,7 @@ class ValueCheck(enum.Enum):
 def pack_header(key: BlockKey, fingerprint: bytes, payload: memoryview | bytes) -> bytes:
     """The header of ``key``'s value holding ``payload``."""
     return _HEADER.pack(
-        _MAGIC, _VERSION, 0, key.group, key.digest, fingerprint, len(payload), zlib.crc32(payload)
+        _MAGIC, _VERSION, 0, key.group, key.digest, fingerprint, len(payload), zlib.crc32(payload), 0
     )
 
 
@@ -55,8 +55,8 @@ def check_value(value: bytes | None, key: BlockKey, fingerprint: bytes, payload_
         return ValueCheck.ABSENT
     if len(value) < HEADER_SIZE:
         return ValueCheck.DAMAGED
-    magic, version, _, group, digest, stored_fingerprint, length, crc = _HEADER.unpack_from(value)
-    if magic != _MAGIC or (group, digest) != (key.group, key.digest):
+    magic, version, flags, group, digest, stored_fingerprint, length, crc, padding = _HEADER.unpack_from(value)
+    if magic != _MAGIC or (group, digest) != (key.group, key.digest) or flags or padding:
         return ValueCheck.DAMAGED
     if version != _VERSION or stored_fingerprint != fingerprint or length != payload_nbytes:
         return ValueCheck.FOREIGN
