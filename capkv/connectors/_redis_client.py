@@ -82,8 +82,10 @@ class _Topology:
 class RedisKV:
     """GET / SET / STRLEN / DEL for many keys at once, per server, never raising for a server fault.
 
-    ``url`` is a ``redis://`` (or ``rediss://``) URL of the server, or of any
-    node of a cluster; ``cluster=None`` asks the server which one it is.
+    ``url`` is a ``redis://`` (or ``rediss://``) URL of the server, or of
+    cluster nodes — one, or several separated by commas, so the cluster's map
+    can be learnt while one of them is down; ``cluster=None`` asks the server
+    which one it is.
     Errors that are not the server's fault (a bad URL) raise :class:`~capkv.ConfigError`.
     """
 
@@ -104,16 +106,22 @@ class RedisKV:
                 f"got {timeout_s!r} and {retry_interval_s!r}",
                 connector=owner, method="__init__", value=(timeout_s, retry_interval_s),
             )
-        try:
-            options: dict[str, Any] = dict(self._redis.connection.parse_url(url))
-        except ValueError as exc:
-            raise ConfigError(
-                f"{owner}: bad Redis URL {url!r} ({exc})", connector=owner, method="__init__", value=url
-            ) from exc
+        seeds: list[tuple[str, int]] = []
+        options: dict[str, Any] = {}
+        for part in url.split(","):
+            try:
+                options = dict(self._redis.connection.parse_url(part.strip()))
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{owner}: bad Redis URL {part.strip()!r} ({exc})", connector=owner, method="__init__", value=url
+                ) from exc
+            seeds.append((str(options.pop("host", "localhost")), int(options.pop("port", 6379))))
+        options.pop("decode_responses", None)  # values are bytes
         self.url = url
         self.timeout_s = timeout_s
         self.retry_interval_s = retry_interval_s
-        self._seed = (str(options.pop("host", "localhost")), int(options.pop("port", 6379)))
+        self._seeds = seeds
+        self._seed = seeds[0]
         self._options = options
         self._want_cluster = cluster
         self._nodes: dict[tuple[str, int], _Node] = {}
@@ -263,11 +271,12 @@ class RedisKV:
 
     def _learn(self, known: _Topology | None) -> _Topology | None:
         """Ask the seed, then every known node, for the cluster's slot map (``None``: nobody answered)."""
-        candidates = [self._seed, *(n.address for n in self._nodes.values() if n.address != self._seed)]
+        candidates = list(dict.fromkeys([*self._seeds, *self._nodes]))
         errors = self._redis.exceptions
         for address in candidates:
             node = self._node(address)
-            node.down_until = 0.0 if address == self._seed and known is None else node.down_until
+            if known is None and address in self._seeds:  # first contact: try every seed now
+                node.down_until = 0.0
             try:
                 reply = self._call(node, lambda c: c.execute_command("CLUSTER SLOTS"))
             except errors.ResponseError:
