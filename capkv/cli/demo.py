@@ -134,8 +134,9 @@ def _single(settings: StackSettings) -> KVConnector[Any]:
 
 
 def _redis(settings: StackSettings) -> KVConnector[Any]:
-    connector: type[KVConnector[Any]] = default_registry.resolve("redis")  # imports redis only when used
-    return connector(settings.spec, url=settings.redis_url)
+    redis_store = default_registry.resolve("redis")  # the class; the redis package is imported when it connects
+    connector: KVConnector[Any] = redis_store(settings.spec, url=settings.redis_url)
+    return connector
 
 
 CONNECTORS: dict[str, ConnectorFactory] = {"cpu": _cpu, "file": _file, "redis": _redis, "single": _single}

@@ -294,9 +294,10 @@ class RedisKV:
 
     def _slot_table(self, reply: Any, asked: tuple[str, int]) -> _Topology:
         topology = _Topology(cluster=True)
-        entries: Any = reply.items() if isinstance(reply, dict) else reply
+        parsed = isinstance(reply, dict)
+        entries: list[Any] = list(cast("dict[Any, Any]", reply).items()) if parsed else list(reply)
         for entry in entries:
-            if isinstance(reply, dict):  # redis-py's parsed form: {(start, end): {"primary": (host, port), ...}}
+            if parsed:  # redis-py's parsed form: {(start, end): {"primary": (host, port), ...}}
                 (start, end), owner = entry
                 host, port = owner["primary"]
             else:  # the raw form: [start, end, [host, port, id], replicas...]
