@@ -72,7 +72,7 @@ def test_a_corrupting_connector_fails_verification(
         ("cpu,[file", "']' is missing at character 10"),
         ("cpu,,file", "a connector name or '[' is missing at character 5"),
         ("cpu;file", "unexpected ';' at character 4"),
-        ("cpu,tape", "unknown connector 'tape' (known: cpu, file, single"),
+        ("cpu,tape", "unknown connector 'tape' (known: cpu, file, redis, single"),
     ],
 )
 def test_bad_stacks_are_one_line_errors(stack: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
