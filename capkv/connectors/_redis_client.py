@@ -134,21 +134,22 @@ class RedisKV:
 
     def strlen(self, keys: Sequence[bytes]) -> list[int | Failed]:
         """Each key's value length (0 when absent)."""
-        return cast("list[int | Failed]", self._batch(keys, lambda pipe, key: pipe.strlen(key)))
+        return cast("list[int | Failed]", self._batch(keys, lambda i: ("STRLEN", keys[i])))
 
     def get(self, keys: Sequence[bytes]) -> list[bytes | None | Failed]:
         """Each key's value (``None`` when absent)."""
-        return cast("list[bytes | None | Failed]", self._batch(keys, lambda pipe, key: pipe.get(key)))
+        return cast("list[bytes | None | Failed]", self._batch(keys, lambda i: ("GET", keys[i])))
 
     def set(self, keys: Sequence[bytes], values: Sequence[object]) -> list[bool | Failed]:
         """Store ``values[i]`` (bytes-like) under ``keys[i]``; whether each landed."""
-        by_key = dict(zip(keys, values, strict=True))
-        answers = self._batch(keys, lambda pipe, key: pipe.set(key, by_key[key]))
-        return [a if isinstance(a, Failed) else a is True for a in answers]
+        if len(values) != len(keys):
+            raise ValueError(f"{len(keys)} keys, {len(values)} values")
+        answers = self._batch(keys, lambda i: ("SET", keys[i], values[i]))
+        return [a if isinstance(a, Failed) else a is True or a == b"OK" for a in answers]
 
     def delete(self, keys: Sequence[bytes]) -> None:
         """Remove ``keys`` where their server answers; others are left."""
-        self._batch(keys, lambda pipe, key: pipe.delete(key))
+        self._batch(keys, lambda i: ("DEL", keys[i]))
 
     def ping(self) -> bool:
         """Whether every server that owns keys answers now."""
@@ -168,7 +169,8 @@ class RedisKV:
 
     # ---- batching ----------------------------------------------------------------------
 
-    def _batch(self, keys: Sequence[bytes], command: Callable[[Any, bytes], object]) -> list[object]:
+    def _batch(self, keys: Sequence[bytes], command: Callable[[int], tuple[object, ...]]) -> list[object]:
+        """``command(i)`` (the words of a command on ``keys[i]``) for every key, one pipeline per server."""
         answers: list[object] = [FAILED] * len(keys)
         if not keys:
             return answers
@@ -185,23 +187,23 @@ class RedisKV:
         for node, indices in by_node.values():
             for start in range(0, len(indices), _PIPELINE_COMMANDS):
                 chunk = indices[start : start + _PIPELINE_COMMANDS]
-                replies = self._pipeline(node, [keys[i] for i in chunk], command)
+                replies = self._pipeline(node, [command(i) for i in chunk])
                 for index, reply in zip(chunk, replies, strict=True):
                     answers[index] = reply
         return answers
 
-    def _pipeline(self, node: _Node, keys: list[bytes], command: Callable[[Any, bytes], object]) -> list[object]:
-        """One round trip to ``node``; per key its reply, or :data:`FAILED`."""
+    def _pipeline(self, node: _Node, commands: list[tuple[object, ...]]) -> list[object]:
+        """One round trip to ``node``; per command its reply, or :data:`FAILED`."""
 
         def run(client: Any) -> list[object]:
             pipe = client.pipeline(transaction=False)
-            for key in keys:
-                command(pipe, key)
+            for words in commands:
+                pipe.execute_command(*words)
             return cast("list[object]", pipe.execute(raise_on_error=False))
 
         replies = self._call(node, run)
         if isinstance(replies, Failed):
-            return [FAILED] * len(keys)
+            return [FAILED] * len(commands)
         answers: list[object] = []
         for reply in replies:
             if isinstance(reply, self._redis.exceptions.ResponseError):
