@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 
 from capkv.connectors import RedisStoreConnector
-from capkv.connectors.keys import BlockKey
-from capkv.connectors.metadata import BlockMove, StoreMetadata
+from capkv.connectors._keys import BlockKey
+from capkv.connectors._metadata import BlockMove, StoreMetadata
 from capkv.engine import ModelShape
-from capkv.engine.kv_cache import PagedKVCache
+from capkv.engine._kv_cache import PagedKVCache
 
 PIPELINE = 512
 

@@ -1,6 +1,6 @@
 """``RedisStoreConnector``: the prefix store kept in Redis, so engines on many machines share it.
 
-The same design as the other stores (:class:`~capkv.connectors.base.PrefixStoreConnector`):
+The same design as the other stores (:class:`~capkv.connectors._base.PrefixStoreConnector`):
 the scheduler side asks a :class:`RedisIndex` which blocks Redis holds — one
 ``STRLEN`` per block, all of a request's blocks in one pipeline, and a value
 of the wrong length is a miss; the worker side (:class:`RedisStoreWorker`)
@@ -32,16 +32,16 @@ import torch
 
 from capkv.connectors._redis_client import RedisKV
 from capkv.connectors._redis_value import FINGERPRINT_SIZE, HEADER_SIZE, ValueCheck, check_value, pack_header
-from capkv.connectors.base import PrefixStoreConnector, require_store_spec
-from capkv.connectors.block_file import tensor_memory
-from capkv.connectors.keys import BlockKey
-from capkv.connectors.metadata import BlockMove, StoreMetadata
-from capkv.connectors.worker import Landing, StoreWorker
-from capkv.contracts.engine import BlockIds, ComputedTokenRequest, KVTransferParams
-from capkv.contracts.spec import KVSpec
-from capkv.transfer.copier import BlockCopier
-from capkv.transfer.handle import FINISHED, CopyHandle
-from capkv.transfer.layout import spec_block_nbytes
+from capkv.connectors._base import PrefixStoreConnector, require_store_spec
+from capkv.connectors._block_file import tensor_memory
+from capkv.connectors._keys import BlockKey
+from capkv.connectors._metadata import BlockMove, StoreMetadata
+from capkv.connectors._worker import Landing, StoreWorker
+from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
+from capkv.contracts._spec import KVSpec
+from capkv.transfer._copier import BlockCopier
+from capkv.transfer._handle import FINISHED, CopyHandle
+from capkv.transfer._layout import spec_block_nbytes
 
 __all__ = ["RedisIndex", "RedisKeys", "RedisStoreConnector", "RedisStoreWorker"]
 

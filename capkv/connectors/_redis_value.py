@@ -17,7 +17,7 @@ import enum
 import struct
 import zlib
 
-from capkv.connectors.keys import DIGEST_SIZE, BlockKey
+from capkv.connectors._keys import DIGEST_SIZE, BlockKey
 
 __all__ = ["FINGERPRINT_SIZE", "HEADER_SIZE", "ValueCheck", "check_value", "pack_header"]
 

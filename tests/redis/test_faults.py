@@ -205,7 +205,7 @@ def test_close_stops_the_writer_and_is_idempotent(redis_server: RedisServer) -> 
 
 
 def _keys(engine: MiniEngine, prompt: list[int], *, group: int) -> list[Any]:
-    from capkv.connectors.keys import RequestKeys
+    from capkv.connectors._keys import RequestKeys
 
     keys = RequestKeys(engine.connector._scheduler._hasher, prompt)
     return [keys.key(group, block, method="test") for block in range(len(prompt) // 16)]

@@ -12,7 +12,7 @@ import pytest
 
 from capkv.connectors._redis_store import RedisKeys
 from capkv.connectors._redis_value import HEADER_SIZE, ValueCheck, check_value, pack_header
-from capkv.connectors.keys import BlockKey
+from capkv.connectors._keys import BlockKey
 from tests.paged import Group, make_spec
 
 KEY = BlockKey(1, bytes(range(16)))
