@@ -24,8 +24,6 @@ import queue
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from types import TracebackType
-from typing import Self
 from urllib.parse import quote
 
 import torch
@@ -315,7 +313,7 @@ class RedisStoreConnector(PrefixStoreConnector):
     models that share layer names and shapes. ``timeout_s`` bounds every
     network operation; a server that failed is left alone for
     ``retry_interval_s``, then tried again. Needs ``pip install 'capkv[redis]'``.
-    Use it as a context manager, or call :meth:`close` (``shutdown``) when done.
+    Use it as a context manager, or call ``close()`` (``shutdown``) when done.
     """
 
     def __init__(
@@ -362,15 +360,3 @@ class RedisStoreConnector(PrefixStoreConnector):
             super().shutdown()
         finally:
             self.kv.close()
-
-    def close(self) -> None:
-        """:meth:`shutdown`."""
-        self.shutdown()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.shutdown()

@@ -88,7 +88,7 @@ def test_a_namespace_cannot_pin_every_key_to_one_cluster_slot() -> None:
 
 def test_importing_capkv_does_not_import_redis() -> None:
     code = (
-        "import sys, capkv, capkv.connectors, capkv.config, capkv.cli.demo\n"
+        "import sys, capkv, capkv.connectors, capkv.config, capkv.cli._demo\n"
         "from capkv.config import resolve_connector\n"
         "resolve_connector('redis')\n"
         "print('redis' in sys.modules)\n"
