@@ -230,3 +230,32 @@ def _get(server: RedisServer, name: bytes) -> bytes:
 def _set(server: RedisServer, name: bytes, value: bytes) -> None:
     with _client(server) as client:
         client.set(name, value)
+
+
+def test_a_full_server_that_refuses_writes_drops_and_counts_saves(tmp_path: Any) -> None:
+    server = RedisServer(tmp_path, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction").start()
+    try:
+        spec = make_spec(WINDOWED, num_blocks=256, heads=4, dim=32)  # 16 KiB blocks
+        engine = MiniEngine(spec, RedisStoreConnector(spec, url=server.url, namespace="full"))
+        for i in range(12):  # ~1.5 MB of blocks; the server has room for well under 1.2 MB
+            engine.run(f"fill-{i}", tokens(200 + i, 100))
+        engine.connector.flush()
+        counts = stats(engine)
+        assert counts["failed_save_blocks"] > 0  # OOM replies: dropped and counted, not raised
+        assert counts["saved_blocks"] == 12 * 8
+        stored = int(server.cli("dbsize"))
+        assert 0 < stored == 12 * 8 - counts["failed_save_blocks"]
+    finally:
+        server.stop()
+
+
+def test_an_engine_with_another_physical_layout_never_loads_these_bytes(redis_server: RedisServer) -> None:
+    """Same spec (shapes, dtype, block dimension), other memory order: keys collide, values are foreign."""
+    stored(redis_server)
+    hnd = make_spec(WINDOWED, num_blocks=64, layout="hnd")
+    engine = MiniEngine(hnd, connector(redis_server, spec=hnd), layout="hnd", seed=3)
+    run = engine.run("other-layout", PROMPT + [1])
+    assert run.hit_tokens == 96 and run.loaded == {}  # offered by length, refused by the header
+    assert run.load_errors == {0: set(run.blocks[0][:6]), 1: set(run.blocks[1][4:6])}
+    assert engine.connector._redis_worker.foreign_values == 8
+    assert int(redis_server.cli("dbsize")) == 8  # left for their owner

@@ -105,3 +105,24 @@ def test_without_the_redis_package_the_error_names_the_extra(monkeypatch: pytest
     monkeypatch.setitem(sys.modules, "redis", None)  # what an environment without the package looks like
     with pytest.raises(ImportError, match=r"capkv\[redis\]"):
         RedisStoreConnector(make_spec([Group(16)]), url="redis://127.0.0.1:1")
+
+
+@pytest.mark.parametrize(
+    ("options", "value"),
+    [
+        ({"url": "http://127.0.0.1:6379"}, "http://127.0.0.1:6379"),
+        ({"url": "redis://127.0.0.1:6379,ftp://x"}, "redis://127.0.0.1:6379,ftp://x"),
+        ({"timeout_s": 0.0}, (0.0, 1.0)),
+        ({"retry_interval_s": -1.0}, (1.0, -1.0)),
+    ],
+)
+def test_bad_options_are_config_errors_naming_the_connector(options: dict[str, object], value: object) -> None:
+    pytest.importorskip("redis", reason="the 'redis' package is not installed (pip install 'capkv[redis]')")
+    from capkv import ConfigError
+    from capkv.connectors import RedisStoreConnector
+
+    with pytest.raises(ConfigError) as caught:
+        RedisStoreConnector(make_spec([Group(16)]), **options)  # type: ignore[arg-type]
+    error = caught.value
+    assert (error.connector, error.method, error.value) == ("RedisStoreConnector", "__init__", value)
+    assert "RedisStoreConnector" in str(error)
