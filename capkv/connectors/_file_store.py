@@ -13,7 +13,8 @@ engine step, never later on the writer thread), so blocks of another layout
 are not offered, not loaded and do not stop this engine from saving its own.
 
 Reading decides by errno: a pack that is gone is a miss; a record whose header
-or CRC is wrong is damage, and its pack is removed; any other error (out of
+or CRC is wrong is damage, and is removed (a tombstone; the pack's other
+records stay); any other error (out of
 file descriptors, an I/O error, no permission) fails this step's load of the
 block and keeps the file. A write that fails is reported once — raised by
 ``flush``/``close`` (all failures since the last, as one exception or an
@@ -203,8 +204,7 @@ class FileStoreWorker(StoreWorker):
             return ReadResult.FAILED  # EMFILE, EACCES, EIO: this load fails, the file stays
         result = read_record(descriptor, record, into)
         if result is ReadResult.DAMAGED:
-            self._close(name)
-            self._catalog.remove(name)
+            self._catalog.bury(name, record)
         elif result is ReadResult.OK:
             self._catalog.used(name)
         return result
@@ -238,29 +238,34 @@ class FileStoreWorker(StoreWorker):
     def _writer(self) -> None:
         """The writer thread: every queued save since the last pack goes into the next one."""
         while True:
-            job = self._queue.get()
-            if job is None:
-                self._queue.task_done()
-                return
-            batch = [job]
-            size = job.rows.numel()
-            while size < _BATCH_BYTES:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._queue.put(None)  # stop after this pack
-                    self._queue.task_done()
-                    break
-                batch.append(more)
-                size += more.rows.numel()
+            batch, stop = self._next_batch()
             try:
-                self._write_batch(batch)
+                if batch:
+                    self._write_batch(batch)
             finally:
-                for _ in batch:
+                for _ in range(len(batch) + stop):
                     self._queue.task_done()
-            del batch, job
+            del batch  # no host rows outlive their write
+            if stop:
+                return
+
+    def _next_batch(self) -> tuple[list[_Job], bool]:
+        """The queued saves, up to a pack's worth of bytes (waiting for the first), and whether to stop."""
+        first = self._queue.get()
+        if first is None:
+            return [], True
+        batch = [first]
+        size = first.rows.numel()
+        while size < _BATCH_BYTES:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                return batch, True
+            batch.append(job)
+            size += job.rows.numel()
+        return batch, False
 
     def _write_batch(self, batch: list[_Job]) -> None:
         records: list[PackRecord] = []

@@ -6,6 +6,10 @@ the packs it has not read yet) and maps ``(key, layout fingerprint)`` to a
 record. Records of another layout are simply other keys: never offered, and
 never a reason not to save this layout's own copy.
 
+A record found damaged (bad header or CRC) is removed from the store, not its
+pack, whose other records are good: a tombstone file ``<pack>.<offset>.dead``
+tells every process to skip it, and goes with its pack.
+
 Capacity is bounded in bytes. Eviction removes whole packs, least recently used
 first (a load marks its pack used, also for other processes, through the file's
 modification time), never one a planned load has pinned. Another process may
@@ -22,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capkv.connectors._block_file import HEADER_SIZE, PACK_SUFFIX, RecordHeader, scan_pack
+
+DEAD_SUFFIX = ".dead"
 from capkv.connectors._keys import BlockKey
 
-__all__ = ["PackCatalog"]
+__all__ = ["DEAD_SUFFIX", "PackCatalog"]
 
 _Where = tuple[BlockKey, bytes]
 
@@ -88,20 +94,33 @@ class PackCatalog:
         if mtime == self._seen_mtime:
             return False
         self._seen_mtime = mtime
+        entries: list[tuple[str, os.stat_result]] = []
+        dead: dict[str, set[int]] = {}
         try:
-            entries = [(e.name, e.stat()) for e in os.scandir(self.root) if e.name.endswith(PACK_SUFFIX)]
+            for entry in os.scandir(self.root):
+                if entry.name.endswith(PACK_SUFFIX):
+                    entries.append((entry.name, entry.stat()))
+                elif entry.name.endswith(DEAD_SUFFIX):
+                    pack, _, offset = entry.name.removesuffix(DEAD_SUFFIX).rpartition(".")
+                    if offset.isdigit():
+                        dead.setdefault(pack, set()).add(int(offset))
         except OSError:
+            self._seen_mtime = None
             return False
         present = {name for name, _ in entries}
         with self._lock:
             known = set(self._packs)
         for name in known - present:
             self.forget(name)
+        for name, offsets in dead.items():
+            if name in known:
+                for dead_offset in offsets:
+                    self._forget_record(name, dead_offset)
         for name, stat in entries:
             if name in known:
                 continue
             try:
-                records = list(scan_pack(self.root / name))
+                records = [r for r in scan_pack(self.root / name) if r.offset not in dead.get(name, ())]
             except OSError:  # gone already, or unreadable now: the next scan tries again
                 self._seen_mtime = None
                 continue
@@ -132,10 +151,30 @@ class PackCatalog:
                     if not places:
                         del self._where[where]
 
-    def remove(self, name: str) -> None:
-        """Delete a pack (damaged) from the directory and the view."""
-        (self.root / name).unlink(missing_ok=True)
-        self.forget(name)
+    def bury(self, name: str, record: RecordHeader) -> None:
+        """``record`` of pack ``name`` is damaged: skip it here and, by its tombstone, everywhere."""
+        self._forget_record(name, record.offset)
+        try:
+            (self.root / f"{name}.{record.offset}{DEAD_SUFFIX}").touch()
+        except OSError:
+            pass  # the other processes find out by reading it, as this one did
+
+    def _forget_record(self, name: str, offset: int) -> None:
+        with self._lock:
+            pack = self._packs.get(name)
+            if pack is None:
+                return
+            kept: list[RecordHeader] = []
+            for record in pack.records:
+                if record.offset != offset:
+                    kept.append(record)
+                    continue
+                places = self._where.get((record.key, record.fingerprint))
+                if places is not None:
+                    places.pop(name, None)
+                    if not places:
+                        del self._where[(record.key, record.fingerprint)]
+            pack.records = kept
 
     def used(self, name: str) -> None:
         """A load read this pack: most recently used, here and (by its mtime) for other processes."""
@@ -182,6 +221,8 @@ class PackCatalog:
                 pass  # another process evicted it first
             except OSError:
                 return removed  # cannot remove now: try again after the next write
+            for tombstone in self.root.glob(f"{victim}.*{DEAD_SUFFIX}"):
+                tombstone.unlink(missing_ok=True)
             self.forget(victim)
             removed += 1
             self.evictions += 1
