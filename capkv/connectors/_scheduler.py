@@ -42,7 +42,7 @@ from capkv.contracts._spec import KVSpec
 from capkv.devmode._blocks import check_block_groups
 from capkv.errors import ContractError, MetadataError
 
-__all__ = ["BatchedStoreIndex", "StoreIndex", "StoreScheduler"]
+__all__ = ["BatchedStoreIndex", "LayoutAwareIndex", "StoreIndex", "StoreScheduler"]
 
 
 @runtime_checkable
@@ -113,6 +113,15 @@ class _Live:
 
 _Candidate = tuple[int, int, int]
 """``(token end, group, block index)``: sorted, a plan follows token order across groups."""
+
+
+@runtime_checkable
+class LayoutAwareIndex(Protocol):
+    """An index whose contents depend on the engine's memory layout (see ``SaveReport.layout``)."""
+
+    def set_layout(self, fingerprints: tuple[bytes, ...], /) -> None:
+        """The worker's layout fingerprint per group."""
+        ...
 
 
 class StoreScheduler:
@@ -383,6 +392,8 @@ class StoreScheduler:
                 f"{self._owner}.{method}: expected SaveReport worker metadata, got {report!r}",
                 connector=self._owner, method=method, value=report,
             )
+        if report.layout is not None and isinstance(self._index, LayoutAwareIndex):
+            self._index.set_layout(report.layout)
         if report.loaded_through is not None:
             for step in [step for step in self._pinned_by_step if step <= report.loaded_through]:
                 for key in self._pinned_by_step.pop(step):
