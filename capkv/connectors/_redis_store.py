@@ -5,8 +5,9 @@ the scheduler side asks a :class:`RedisIndex` which blocks Redis holds — one
 ``STRLEN`` per block, all of a request's blocks in one pipeline, and a value
 of the wrong length is a miss; the worker side (:class:`RedisStoreWorker`)
 fetches a step's loads in one batch and saves on a background thread, every
-queued save in one batch. Keys are the namespace, a fingerprint of the KV
-layout, the group and the block's chained prefix digest; each value is a
+queued save in one batch. Keys are the namespace, the memory layout's
+fingerprint (the worker tells the scheduler side, ``SaveReport.layout``), the
+group and the block's chained prefix digest; each value is a
 self-checking block (:mod:`capkv.connectors._redis_value`), so a damaged or
 foreign value is a load error, never loaded.
 
@@ -47,27 +48,32 @@ __all__ = ["RedisIndex", "RedisKeys", "RedisStoreConnector", "RedisStoreWorker"]
 class RedisKeys:
     """Redis key names: ``capkv:<namespace>:<layout>:g<group>:<digest>``.
 
-    The layout part fingerprints what the spec says about the KV layout (dtype,
-    block dimension, each group's layers, per-layer shape, block size), so
-    ``SCAN capkv:<namespace>:<layout>:*`` finds one model's blocks. The
-    namespace is percent-encoded where it would split the name or, in a
-    cluster, pin every key to one slot (``{``, ``}``).
+    ``<layout>`` is the group's memory-layout fingerprint (the order and sizes
+    of the bytes a block is stored as, from the registered KV cache), so
+    engines whose layouts differ keep separate blocks under one namespace,
+    and ``SCAN capkv:<namespace>:*`` finds a model's blocks. The namespace is
+    percent-encoded where it would split the name or, in a cluster, pin every
+    key to one hash slot (``:``, ``{``, ``}``).
     """
 
-    __slots__ = ("prefix",)
+    __slots__ = ("_prefixes",)
 
-    def __init__(self, spec: KVSpec, namespace: str) -> None:
-        layout = hashlib.blake2b(
-            repr((
-                str(spec.dtype), spec.block_dim,
-                tuple((g.layer_names, g.kv_shape, g.block_size, g.sliding_window) for g in spec.groups),
-            )).encode(),
-            digest_size=6,
-        ).hexdigest()
-        self.prefix: bytes = f"capkv:{quote(namespace, safe='')}:{layout}:".encode()
+    def __init__(self, namespace: str, layouts: tuple[bytes, ...]) -> None:
+        space = quote(namespace, safe="")
+        self._prefixes = tuple(
+            f"capkv:{space}:{layout[:8].hex()}:g{group}:".encode() for group, layout in enumerate(layouts)
+        )
 
     def __call__(self, key: BlockKey) -> bytes:
-        return self.prefix + b"g%d:" % key.group + key.digest.hex().encode()
+        return self._prefixes[key.group] + key.digest.hex().encode()
+
+
+def layout_fingerprints(spec: KVSpec, copier: BlockCopier) -> tuple[bytes, ...]:
+    """Per group, what fixes the meaning of a stored block's bytes: dtype and the runs' order and sizes."""
+    return tuple(
+        hashlib.blake2b(repr((str(spec.dtype), group.signature)).encode(), digest_size=FINGERPRINT_SIZE).digest()
+        for group in copier.layout.groups
+    )
 
 
 class RedisIndex:
@@ -76,12 +82,15 @@ class RedisIndex:
     Answers come from one batched ``STRLEN`` per :meth:`lookup` and hold until
     :meth:`forget` (the step's metadata is built); a key asked about without a
     lookup costs a round trip of its own. Saves planned here and not yet
-    reported over are *pending*: held, not loadable.
+    reported over are *pending*: held, not loadable. Key names need the
+    worker's memory layout (:meth:`set_layout`); until it is known nothing is
+    loadable.
     """
 
-    def __init__(self, kv: RedisKV, names: RedisKeys, spec: KVSpec, *, owner: str) -> None:
+    def __init__(self, kv: RedisKV, spec: KVSpec, *, namespace: str, owner: str) -> None:
         self._kv = kv
-        self._names = names
+        self._namespace = namespace
+        self._names: RedisKeys | None = None
         self._sizes = tuple(HEADER_SIZE + spec_block_nbytes(spec, g, owner=owner) for g in range(spec.num_groups))
         self._known: dict[BlockKey, bool] = {}
         self._pending: set[BlockKey] = set()
@@ -90,12 +99,21 @@ class RedisIndex:
         self.unanswered: int = 0
         """Keys whose lookup failed (server down or slow): taken as misses."""
 
+    def set_layout(self, fingerprints: tuple[bytes, ...], /) -> None:
+        """The worker's memory-layout fingerprint per group: the key names follow."""
+        self._names = RedisKeys(self._namespace, fingerprints)
+        self._known.clear()
+
     def lookup(self, keys: Sequence[BlockKey], /) -> None:
+        names = self._names
         unknown = list(dict.fromkeys(k for k in keys if k not in self._known))
         if not unknown:
             return
+        if names is None:
+            self._known.update(dict.fromkeys(unknown, False))
+            return
         self.lookups += 1
-        lengths = self._kv.strlen([self._names(k) for k in unknown])
+        lengths = self._kv.strlen([names(k) for k in unknown])
         for key, length in zip(unknown, lengths, strict=True):
             if not isinstance(length, int):
                 self.unanswered += 1
@@ -151,10 +169,11 @@ class _Save:
 class RedisStoreWorker(StoreWorker):
     """Fetches a step's loads in one batch; writes saves from a background thread, batched."""
 
-    def __init__(self, spec: KVSpec, kv: RedisKV, names: RedisKeys, *, owner: str) -> None:
+    def __init__(self, spec: KVSpec, kv: RedisKV, *, namespace: str, owner: str) -> None:
         super().__init__(spec, owner=owner)
         self._kv = kv
-        self._names = names
+        self._namespace = namespace
+        self._names = RedisKeys(namespace, ())
         self._fingerprints: tuple[bytes, ...] = ()
         self._fetched: dict[BlockKey, bytes | None] = {}
         self._queue: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
@@ -168,12 +187,18 @@ class RedisStoreWorker(StoreWorker):
         """Unexpected errors on the writer thread (server faults are not errors: they fail saves)."""
 
     def _attached(self, copier: BlockCopier) -> None:
-        self._fingerprints = tuple(
-            hashlib.blake2b(
-                repr((str(self._spec.dtype), group.signature)).encode(), digest_size=FINGERPRINT_SIZE
-            ).digest()
-            for group in copier.layout.groups
-        )
+        self._fingerprints = layout_fingerprints(self._spec, copier)
+        self._names = RedisKeys(self._namespace, self._fingerprints)
+        self.announce_layout(self._fingerprints)
+
+    @property
+    def fingerprints(self) -> tuple[bytes, ...]:
+        """The registered KV cache's layout fingerprint per group (empty before ``register_kv_caches``)."""
+        return self._fingerprints
+
+    def key_name(self, key: BlockKey) -> bytes:
+        """``key``'s Redis key name (after ``register_kv_caches``)."""
+        return self._names(key)
 
     # ---- loads ---------------------------------------------------------------------------
 
@@ -333,11 +358,8 @@ class RedisStoreConnector(PrefixStoreConnector):
         )
         """The batched client (its ``servers``, ``server_of``, ``ping``)."""
         self.url: str = url
-        names = RedisKeys(spec, namespace)
-        self.key_name = names
-        """Maps a :class:`BlockKey` to its Redis key name."""
-        self.index: RedisIndex = RedisIndex(self.kv, names, spec, owner=name)
-        self._redis_worker = RedisStoreWorker(spec, self.kv, names, owner=name)
+        self.index: RedisIndex = RedisIndex(self.kv, spec, namespace=namespace, owner=name)
+        self._redis_worker = RedisStoreWorker(spec, self.kv, namespace=namespace, owner=name)
         self._closed = False
         super().__init__(spec, self.index, self._redis_worker, namespace=namespace)
 
@@ -346,6 +368,14 @@ class RedisStoreConnector(PrefixStoreConnector):
     ) -> tuple[bool, KVTransferParams | None]:
         """Save the request's computed full blocks of every group; hold them until they are gathered."""
         return self._finish(request, block_ids, "request_finished_all_groups")
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], /) -> None:
+        super().register_kv_caches(kv_caches)
+        self.index.set_layout(self._redis_worker.fingerprints)  # this object is both sides: no need to wait
+
+    def key_name(self, key: BlockKey) -> bytes:
+        """``key``'s Redis key name, in this engine's memory layout (after ``register_kv_caches``)."""
+        return self._redis_worker.key_name(key)
 
     def flush(self) -> None:
         """Wait until every started save is over: stored in Redis, or failed (and counted)."""

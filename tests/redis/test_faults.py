@@ -249,13 +249,15 @@ def test_a_full_server_that_refuses_writes_drops_and_counts_saves(tmp_path: Any)
         server.stop()
 
 
-def test_an_engine_with_another_physical_layout_never_loads_these_bytes(redis_server: RedisServer) -> None:
-    """Same spec (shapes, dtype, block dimension), other memory order: keys collide, values are foreign."""
-    stored(redis_server)
+def test_engines_with_other_memory_layouts_keep_their_own_blocks(redis_server: RedisServer) -> None:
+    """Same spec (shapes, dtype, block dimension), another memory order: other keys, never the other's bytes."""
+    stored(redis_server)  # flash layout
     hnd = make_spec(WINDOWED, num_blocks=64, layout="hnd")
-    engine = MiniEngine(hnd, connector(redis_server, spec=hnd), layout="hnd", seed=3)
-    run = engine.run("other-layout", PROMPT + [1])
-    assert run.hit_tokens == 96 and run.loaded == {}  # offered by length, refused by the header
-    assert run.load_errors == {0: set(run.blocks[0][:6]), 1: set(run.blocks[1][4:6])}
-    assert engine.connector._redis_worker.foreign_values == 8
-    assert int(redis_server.cli("dbsize")) == 8  # left for their owner
+    first = MiniEngine(hnd, connector(redis_server, spec=hnd), layout="hnd", seed=3)
+    run = first.run("hnd-1", PROMPT)
+    assert run.hit_tokens == 0 and run.load_errors == {}
+    first.connector.flush()
+    assert int(redis_server.cli("dbsize")) == 16  # both layouts' blocks, side by side
+    second = MiniEngine(hnd, connector(redis_server, spec=hnd), layout="hnd", seed=4)
+    run = second.run("hnd-2", PROMPT + [1])
+    assert run.hit_tokens == 96 and run.load_errors == {} and len(run.loaded[0]) == 6  # checked bit for bit

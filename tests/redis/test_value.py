@@ -70,20 +70,32 @@ def test_another_format_version_is_foreign() -> None:
 
 
 def test_key_names_carry_namespace_layout_group_digest() -> None:
-    spec = make_spec([Group(16), Group(16, window=32)])
-    name = RedisKeys(spec, "llama-3")(KEY)
+    layouts = (b"\x01" * 16, b"\x02" * 16)
+    name = RedisKeys("llama-3", layouts)(KEY)
     namespace, rest = name.decode().split(":", 2)[1:]
     layout, group, digest = rest.split(":")
-    assert namespace == "llama-3" and len(layout) == 12 and group == "g1" and digest == KEY.digest.hex()
-    other_layout = make_spec([Group(16), Group(16, window=32)], layout="blocks_first")
-    assert RedisKeys(other_layout, "llama-3")(KEY) != name
-    assert RedisKeys(spec, "other")(KEY) != name
+    assert namespace == "llama-3" and layout == "02" * 8 and group == "g1" and digest == KEY.digest.hex()
+    assert RedisKeys("llama-3", (b"\x01" * 16, b"\x03" * 16))(KEY) != name  # another memory layout
+    assert RedisKeys("other", layouts)(KEY) != name
 
 
 def test_a_namespace_cannot_pin_every_key_to_one_cluster_slot() -> None:
-    spec = make_spec([Group(16)])
-    name = RedisKeys(spec, "a{b}:c")(KEY)
+    name = RedisKeys("a{b}:c", (b"\x01" * 16,))(BlockKey(0, KEY.digest))
     assert b"{" not in name and b"}" not in name and name.startswith(b"capkv:a%7Bb%7D%3Ac:")
+
+
+def test_every_memory_layout_has_its_own_fingerprint() -> None:
+    from capkv.connectors._redis_store import layout_fingerprints
+    from capkv.transfer import BlockCopier
+    from tests.paged import LAYOUTS, empty_caches
+
+    seen: dict[bytes, str] = {}
+    for layout in LAYOUTS:
+        spec = make_spec([Group(16)], layout=layout)
+        copier = BlockCopier(spec, empty_caches(spec, layout, "cpu"))
+        (fingerprint,) = layout_fingerprints(spec, copier)
+        assert fingerprint not in seen, (layout, seen.get(fingerprint))
+        seen[fingerprint] = layout
 
 
 def test_importing_capkv_does_not_import_redis() -> None:
