@@ -155,14 +155,16 @@ class RedisIndex:
 
 
 class _Save:
-    """A save queued for the writer thread: the rows (header + block per row) once gathered."""
+    """A save on its way to Redis: the rows (header + block per row) once gathered, then sealed."""
 
-    __slots__ = ("copied", "landing", "move", "rows")
+    __slots__ = ("copied", "entries", "landing", "move", "rows")
 
     def __init__(self, move: BlockMove, rows: torch.Tensor, copied: CopyHandle) -> None:
         self.move = move
         self.rows = rows
         self.copied = copied
+        self.entries: list[tuple[BlockKey, bytes, memoryview]] = []
+        """(key, Redis key name, value) per block, once sealed (headers written)."""
         self.landing: Future[tuple[BlockKey, ...]] = Future()
 
 
@@ -176,9 +178,10 @@ class RedisStoreWorker(StoreWorker):
         self._names = RedisKeys(namespace, ())
         self._fingerprints: tuple[bytes, ...] = ()
         self._fetched: dict[BlockKey, bytes | None] = {}
-        self._queue: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
-        self._writer_lock = threading.Lock()
+        self._sealing: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
+        self._to_send: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
+        self._threads: tuple[threading.Thread, ...] = ()
+        self._threads_lock = threading.Lock()
         self.damaged_values: int = 0
         """Values that failed their checks at load time (removed from Redis)."""
         self.foreign_values: int = 0
@@ -247,24 +250,44 @@ class RedisStoreWorker(StoreWorker):
         rows = copier.host_rows(len(move.block_ids), HEADER_SIZE + copier.block_nbytes(move.group))
         copied = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:])
         save = _Save(move, rows, copied)
-        self._start_writer()
-        self._queue.put(save)
+        self._start_threads()
+        self._sealing.put(save)
         return copied, save.landing
 
-    def _start_writer(self) -> None:
-        with self._writer_lock:
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, name="capkv-redis-store", daemon=True)
-                self._writer.start()
+    def _start_threads(self) -> None:
+        """Two stages, so checksums of later saves are computed while earlier ones are on the wire."""
+        with self._threads_lock:
+            if not self._threads:
+                self._threads = (
+                    threading.Thread(target=self._seal_loop, name="capkv-redis-seal", daemon=True),
+                    threading.Thread(target=self._send_loop, name="capkv-redis-send", daemon=True),
+                )
+                for thread in self._threads:
+                    thread.start()
 
-    def _write_loop(self) -> None:
-        """Take every queued save, write them in one batch, repeat; ``None`` ends the loop."""
+    def _seal_loop(self) -> None:
+        """Wait for each save's copy and write its headers; hand it to the sender. ``None`` ends both."""
         while True:
-            first = self._queue.get()
-            batch = [first]
+            save = self._sealing.get()
+            if save is None:
+                self._to_send.put(None)
+                return
+            try:
+                save.copied.wait()
+                save.entries = self._values(save)
+            except Exception as error:  # the copy failed: nothing of this save is stored
+                self.write_failures.append(error)
+                save.landing.set_result(save.move.keys)
+                continue
+            self._to_send.put(save)
+
+    def _send_loop(self) -> None:
+        """Take every sealed save, write them in one batch, repeat; ``None`` ends the loop."""
+        while True:
+            batch = [self._to_send.get()]
             while batch[-1] is not None:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._to_send.get_nowait())
                 except queue.Empty:
                     break
             saves = [s for s in batch if s is not None]
@@ -274,35 +297,18 @@ class RedisStoreWorker(StoreWorker):
                 return
 
     def _write(self, saves: list[_Save]) -> None:
-        """Store ``saves`` in one batch (on the writer thread); resolve each one's landing, whatever happens."""
-        keys: list[bytes] = []
-        values: list[memoryview] = []
-        owners: list[tuple[_Save, BlockKey]] = []
-        for save in saves:
-            try:
-                save.copied.wait()
-                entries = self._values(save)
-            except Exception as error:  # the copy failed: nothing of this save is stored
-                self.write_failures.append(error)
-                save.landing.set_result(save.move.keys)
-                continue
-            for key, name, value in entries:
-                keys.append(name)
-                values.append(value)
-                owners.append((save, key))
+        """Store sealed ``saves`` in one batch; resolve each one's landing, whatever happens."""
+        keys = [name for save in saves for _, name, _ in save.entries]
+        values = [value for save in saves for _, _, value in save.entries]
         try:
             landed = self._kv.set(keys, values)
         except Exception as error:  # never leave a landing unresolved: the saves failed, the engine goes on
             self.write_failures.append(error)
             landed = [False] * len(keys)
-        failed: dict[int, list[BlockKey]] = {}
-        for (save, key), ok in zip(owners, landed, strict=True):
-            failed.setdefault(id(save), [])
-            if ok is not True:
-                failed[id(save)].append(key)
+        answers = iter(landed)
         for save in saves:
-            if not save.landing.done():
-                save.landing.set_result(tuple(failed.get(id(save), ())))
+            failed = tuple(key for (key, _, _), ok in zip(save.entries, answers) if ok is not True)
+            save.landing.set_result(failed)
 
     def _values(self, save: _Save) -> list[tuple[BlockKey, bytes, memoryview]]:
         """Each block of ``save`` as (key, Redis key name, value): its header written in front of its bytes."""
@@ -323,11 +329,12 @@ class RedisStoreWorker(StoreWorker):
         try:
             super().shutdown()
         finally:
-            with self._writer_lock:
-                writer, self._writer = self._writer, None
-            if writer is not None:
-                self._queue.put(None)
-                writer.join()
+            with self._threads_lock:
+                threads, self._threads = self._threads, ()
+            if threads:
+                self._sealing.put(None)
+                for thread in threads:
+                    thread.join()
 
 
 class RedisStoreConnector(PrefixStoreConnector):
