@@ -257,12 +257,10 @@ class RedisKV:
             topology = self._topology
             if topology is not None and not topology.cluster:
                 return topology
-            now = time.monotonic()
-            if topology is not None and now < self._refresh_after:
-                return topology
             if topology is None and self._want_cluster is False:
                 self._topology = _Topology(cluster=False)
                 return self._topology
+            now = time.monotonic()
             if now < self._refresh_after:
                 return topology
             self._refresh_after = now + max(self.retry_interval_s, 0.05)
@@ -272,17 +270,13 @@ class RedisKV:
             return self._topology
 
     def _learn(self, known: _Topology | None) -> _Topology | None:
-        """Ask the seed, then every known node, for the cluster's slot map (``None``: nobody answered)."""
+        """Ask the seeds, then every known node, for the cluster's slot map (``None``: nobody answered)."""
         candidates = list(dict.fromkeys([*self._seeds, *self._nodes]))
-        errors = self._redis.exceptions
         for address in candidates:
             node = self._node(address)
             if known is None and address in self._seeds:  # first contact: try every seed now
                 node.down_until = 0.0
-            try:
-                reply = self._call(node, lambda c: c.execute_command("CLUSTER SLOTS"))
-            except errors.ResponseError:
-                reply = FAILED
+            reply = self._call(node, lambda c: c.execute_command("CLUSTER SLOTS"))  # refused by a standalone server
             if isinstance(reply, Failed):
                 if known is None and self._want_cluster is None and self._is_standalone(node):
                     return _Topology(cluster=False)
