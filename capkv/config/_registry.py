@@ -35,11 +35,15 @@ BUILTIN_CONNECTORS: Mapping[str, str] = {
     "MultiConnector": "capkv.composite._multi:MultiConnector",
     "CPUOffloadConnector": "capkv.connectors._cpu_offload:CPUOffloadConnector",
     "FileStoreConnector": "capkv.connectors._file_store:FileStoreConnector",
-    "RedisStoreConnector": "capkv.connectors._redis_store:RedisStoreConnector",
-    "redis": "capkv.connectors._redis_store:RedisStoreConnector",
     "SingleGroupOffloadConnector": "capkv.connectors._single_group:SingleGroupOffloadConnector",
+    "RedisStoreConnector": "capkv.connectors._redis_store:RedisStoreConnector",
+    "cpu": "capkv.connectors._cpu_offload:CPUOffloadConnector",
+    "file": "capkv.connectors._file_store:FileStoreConnector",
+    "redis": "capkv.connectors._redis_store:RedisStoreConnector",
+    "single": "capkv.connectors._single_group:SingleGroupOffloadConnector",
 }
-"""capkv's own connectors, by the names vLLM configurations use (one line per connector)."""
+"""capkv's own connectors, by the names vLLM configurations use (one line per connector),
+and the short names ``capkv demo --stack`` has always used (``cpu,file``)."""
 
 _C = TypeVar("_C", bound=type[Any])
 

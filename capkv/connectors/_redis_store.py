@@ -25,10 +25,12 @@ import queue
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import ClassVar
 from urllib.parse import quote
 
 import torch
 
+from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._redis_client import RedisKV
 from capkv.connectors._redis_value import FINGERPRINT_SIZE, HEADER_SIZE, ValueCheck, check_value, pack_header
 from capkv.connectors._base import PrefixStoreConnector, require_store_spec
@@ -36,6 +38,7 @@ from capkv.connectors._block_file import tensor_memory
 from capkv.connectors._keys import BlockKey
 from capkv.connectors._metadata import BlockMove, StoreMetadata
 from capkv.connectors._worker import Landing, StoreWorker
+from capkv.contracts._arguments import argument_error, is_finite_number, require_instance, require_str
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts._spec import KVSpec
 from capkv.transfer._copier import BlockCopier
@@ -348,6 +351,16 @@ class RedisStoreConnector(PrefixStoreConnector):
     Use it as a context manager, or call ``close()`` (``shutdown``) when done.
     """
 
+    extra_config_options: ClassVar[ConnectorOptions] = ConnectorOptions(
+        takes_spec=True,
+        url=Option(str, help="redis:// URL of the server, or of cluster nodes separated by ','"),
+        namespace=Option(str, help="separates models that share layer names and shapes"),
+        timeout_s=Option(float, minimum=0.001, help="bound on every network operation, in seconds"),
+        retry_interval_s=Option(float, minimum=0, help="how long a failed server is left alone, in seconds"),
+        cluster=Option(bool, help="whether url names a Redis Cluster (default: ask the server)"),
+    )
+    """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
+
     def __init__(
         self,
         spec: KVSpec,
@@ -359,7 +372,16 @@ class RedisStoreConnector(PrefixStoreConnector):
         cluster: bool | None = None,
     ) -> None:
         name = type(self).__name__
+        method = "__init__"
         require_store_spec(spec, name)
+        require_str(url, name, "url", empty=False, connector=name, method=method)
+        require_str(namespace, name, "namespace", connector=name, method=method)
+        for parameter, seconds, least in (("timeout_s", timeout_s, "> 0"), ("retry_interval_s", retry_interval_s, ">= 0")):
+            if not is_finite_number(seconds) or not (seconds > 0 if least == "> 0" else seconds >= 0):
+                raise argument_error(
+                    name, parameter, seconds, f"a finite number {least} (seconds)", connector=name, method=method
+                )
+        require_instance(cluster, (bool, type(None)), name, "cluster", "True, False or None", connector=name, method=method)
         self.kv: RedisKV = RedisKV(
             url, owner=name, timeout_s=timeout_s, retry_interval_s=retry_interval_s, cluster=cluster
         )

@@ -124,8 +124,12 @@ def test_without_the_redis_package_the_error_names_the_extra(monkeypatch: pytest
     [
         ({"url": "http://127.0.0.1:6379"}, "http://127.0.0.1:6379"),
         ({"url": "redis://127.0.0.1:6379,ftp://x"}, "redis://127.0.0.1:6379,ftp://x"),
-        ({"timeout_s": 0.0}, (0.0, 1.0)),
-        ({"retry_interval_s": -1.0}, (1.0, -1.0)),
+        ({"timeout_s": 0.0}, 0.0),
+        ({"timeout_s": float("inf")}, float("inf")),
+        ({"retry_interval_s": -1.0}, -1.0),
+        ({"url": ""}, ""),
+        ({"namespace": 3}, 3),
+        ({"cluster": "yes"}, "yes"),
     ],
 )
 def test_bad_options_are_config_errors_naming_the_connector(options: dict[str, object], value: object) -> None:
