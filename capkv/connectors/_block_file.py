@@ -87,8 +87,7 @@ def block_checksums(rows: torch.Tensor) -> list[int]:
     across, down = grid.sum(dim=2), grid.sum(dim=1)
     # Each word's total weight, (2c + 1) + 2 * MIX * (2k + 1), is odd: a flip of any single bit moves the sum.
     mixed = (across * _odd_weights(across.shape[1])).sum(dim=1) + (down * _odd_weights(chunk)).sum(dim=1) * (2 * _MIX)
-    values: list[int] = mixed.tolist()
-    return [value & 0xFFFF_FFFF_FFFF_FFFF for value in values]
+    return [int(mixed[index].item()) & 0xFFFF_FFFF_FFFF_FFFF for index in range(count)]
 
 
 def _odd_weights(count: int) -> torch.Tensor:
