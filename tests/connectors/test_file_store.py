@@ -275,3 +275,28 @@ def test_the_store_is_a_context_manager(tmp_path: Path) -> None:
     assert _packs(tmp_path)  # closing waited for the writes
     with pytest.raises(ConfigError, match="capacity_bytes must be a positive int"):
         FileStoreConnector(spec, root=tmp_path, capacity_bytes=0)
+
+
+def test_two_stores_sharing_a_root_evict_each_others_packs_safely(tmp_path: Path) -> None:
+    """Two engines (each with its own view of the directory, as two processes have) share one bounded
+    root: what one evicts the other finds gone (a miss, or a load error it recomputes), an open pack
+    stays readable after the other removed it, and nothing ever loads wrong KV (both engines check
+    every loaded block bit for bit)."""
+    spec = make_spec(WINDOWED, num_blocks=256)
+    capacity = 2 * 8 * (HEADER_SIZE + 2 * 16 * 2 * 8 * 2 * 2)  # about two prompts' packs
+    with FileStoreConnector(spec, root=tmp_path, capacity_bytes=capacity) as one, FileStoreConnector(
+        spec, root=tmp_path, capacity_bytes=capacity
+    ) as two:
+        writer, reader = MiniEngine(spec, one, seed=1), MiniEngine(spec, two, seed=2)
+        prompts = [tokens(300 + i, 100) for i in range(6)]
+        outcomes: list[tuple[int, int]] = []
+        for index, prompt in enumerate(prompts):
+            writer.run(f"w{index}", prompt)
+            one.flush()
+            fresh = reader.run(f"r{index}", prompt + [1])
+            assert fresh.hit_tokens == 96 and fresh.load_errors == {}  # the other engine's blocks, exact
+            two.flush()
+            old = reader.run(f"old{index}", prompts[0] + [2])  # evicted long ago, or still open
+            outcomes.append((old.hit_tokens, sum(len(ids) for ids in old.load_errors.values())))
+            assert sum(p.stat().st_size for p in tmp_path.glob("*.kvpack")) <= capacity + 8 * 16 * 1024
+        assert any(errors or not hit for hit, errors in outcomes[2:])  # the first prompt's packs did go
