@@ -1,7 +1,7 @@
 """Reference connectors that move real KV for every KV-cache group.
 
-- :class:`CPUOffloadConnector`: a host block pool with LRU eviction;
-- :class:`FileStoreConnector`: one crash-safe file per block in a directory;
+- :class:`CPUOffloadConnector`: a host block pool that evicts prefix chains from the tail;
+- :class:`FileStoreConnector`: crash-safe pack files in a directory, bounded, shared by processes;
 - :class:`RedisStoreConnector`: blocks in Redis (a server or a cluster), shared
   by every engine that uses it (``pip install 'capkv[redis]'``; imported on
   first use, so ``import capkv.connectors`` never imports ``redis``);
@@ -10,7 +10,8 @@
   multi-group models.
 
 All key blocks by group and a chained content hash of the token prefix, so the
-two stores interoperate in a ``MultiConnector`` stack.
+two stores interoperate in a ``MultiConnector`` stack, and save each block in
+the step that fills it (read from the scheduler output by vLLM's field names).
 """
 
 from typing import TYPE_CHECKING
