@@ -15,7 +15,7 @@ WORKLOAD = Workload(num_requests=12, num_prefixes=3, prefix_len=96, suffix_len=3
 
 
 def engine(server: RedisServer) -> Engine:
-    store = RedisStoreConnector(SHAPE.kv_spec(), url=server.url, namespace="engine", timeout_s=0.5, retry_interval_s=0.2)
+    store = RedisStoreConnector(SHAPE.kv_spec(), url=server.url, namespace="engine", timeout_s=2.0, retry_interval_s=0.2)
     return Engine(SHAPE, store, max_num_seqs=2, transfer_timeout_s=20.0)  # verifies every load, and at finish
 
 
