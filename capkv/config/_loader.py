@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from capkv.capabilities._hma import StackNode
+from capkv.capabilities._hma import StackNode, class_finishes_all_groups
 from capkv.config._registry import ConnectorRegistry, default_registry
 from capkv.errors import ConfigError
 
@@ -39,6 +39,9 @@ __all__ = [
     "load_stack_file",
     "read_config_file",
 ]
+
+MAX_NESTING = 32
+"""Stacks nest at most this deep: deeper is refused in one line, not a RecursionError."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,11 @@ class ConfiguredStack(StackNode):
     @property
     def node_name(self) -> str:
         return self.cls.__name__
+
+    @property
+    def finishes_all_groups(self) -> bool:
+        """Answered for the class the configuration will build, not for this description."""
+        return class_finishes_all_groups(self.cls)
 
 
 ConfiguredNode = ConfiguredConnector | ConfiguredStack
@@ -133,6 +141,8 @@ def load_stack_file(
 def _parse_json(path: Path, text: str) -> object:
     try:
         return json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read", value=str(path)) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", value=str(path)
@@ -142,6 +152,8 @@ def _parse_json(path: Path, text: str) -> object:
 def _parse_toml(path: Path, text: str) -> object:
     try:
         return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read", value=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}", value=str(path)) from exc
 
@@ -149,6 +161,11 @@ def _parse_toml(path: Path, text: str) -> object:
 def _load(config: object, path: tuple[int, ...], registry: ConnectorRegistry) -> ConfiguredNode:
     position = "#" + ".".join(map(str, path)) if path else ""
     where = f"{position}: " if position else ""
+    if len(path) > MAX_NESTING:
+        raise ConfigError(
+            f"{'#' + '.'.join(map(str, path[:3]))}...: stacks nest at most {MAX_NESTING} levels deep",
+            connector=position, method="load_stack", value=len(path),
+        )
     if not isinstance(config, Mapping):
         raise ConfigError(
             f'{where}a connector entry must be an object with "kv_connector", got {_kind(config)}',
