@@ -54,7 +54,7 @@ from capkv.connectors._keys import BlockKey
 from capkv.connectors._metadata import BlockMove
 from capkv.connectors._pack_catalog import PackCatalog
 from capkv.connectors._worker import Landing, StoreWorker
-from capkv.contracts._arguments import argument_error, require_callable, require_instance, require_str
+from capkv.contracts._arguments import argument_error, require_callable, require_instance, require_int, require_str
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
@@ -393,6 +393,7 @@ class FileStoreConnector(PrefixStoreConnector):
         takes_spec=True,
         root=Option(str, required=True, help="the store's directory"),
         namespace=Option(str, help="separates models that share layer names and shapes"),
+        capacity_bytes=Option(int, minimum=1, help="bound on the directory's packs, in bytes (default 16 GiB)"),
     )
     """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
 
@@ -413,11 +414,7 @@ class FileStoreConnector(PrefixStoreConnector):
             raise argument_error(name, "root", root, "a non-empty directory path", connector=name, method="__init__")
         require_str(namespace, name, "namespace", connector=name, method="__init__")
         require_callable(write, name, "write", connector=name)
-        if type(capacity_bytes) is not int or capacity_bytes < 1:
-            raise ConfigError(
-                f"{name}: capacity_bytes must be a positive int, got {capacity_bytes!r}",
-                connector=name, method="__init__", value=capacity_bytes,
-            )
+        capacity_bytes = require_int(capacity_bytes, name, "capacity_bytes", minimum=1, connector=name, method="__init__")
         self.root: Path = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
