@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from vllm.config import VllmConfig
@@ -40,9 +40,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import Request
 
 from capkv.capabilities.facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
 from capkv.capabilities.serving import check_stack, finish_request
@@ -56,19 +58,14 @@ from capkv.adapters.vllm._translate import (
     LoadingBlocks,
     flat_load_errors,
     merge_counts,
+    stats_data,
     to_capkv_output,
 )
 from capkv.contracts.connector import KVConnector
-from capkv.contracts.engine import BlockIds, KVTransferParams
+from capkv.contracts.engine import AttentionMetadata, BlockIds, ForwardContext, KVTransferParams
 from capkv.contracts.spec import KVSpec
 from capkv.devmode.instrument import instrument
 from capkv.errors import ConflictError, MetadataError
-
-if TYPE_CHECKING:
-    from vllm.forward_context import ForwardContext
-    from vllm.v1.attention.backend import AttentionMetadata
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-    from vllm.v1.request import Request
 
 __all__ = ["CapkvConnector", "CapkvHMAConnector"]
 
@@ -104,7 +101,7 @@ class CapkvConnector(KVConnectorBase_V1):
             )
         self.stack = instrument(cast("KVConnector", built), self.spec)
         self._loading = LoadingBlocks(host)
-        self._totals: dict[Any, Any] = {}
+        self._totals: dict[str, Any] = {}
 
     # ---- class level: vLLM asks before building -------------------------------------
 
@@ -217,11 +214,11 @@ class CapkvConnector(KVConnectorBase_V1):
         stats: object = self.stack.get_kv_connector_stats()
         if stats is None:
             return None
-        data: dict[Any, Any] = dict(cast("Mapping[Any, Any]", stats)) if isinstance(stats, Mapping) else {"stack": stats}
+        data = stats_data(stats)
         self._totals = merge_counts(self._totals, data)
         return CapkvStats(data)
 
-    def stats_since_start(self) -> dict[Any, Any]:
+    def stats_since_start(self) -> dict[str, Any]:
         """Every counter this side has seen since it was built: its own stack's, and on the
         scheduler side the workers' reports too (what vLLM's stat loggers get, summed)."""
         return dict(self._totals)

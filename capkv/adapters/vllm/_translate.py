@@ -35,6 +35,7 @@ __all__ = [
     "LoadingBlocks",
     "flat_load_errors",
     "merge_counts",
+    "stats_data",
     "to_capkv_output",
 ]
 
@@ -74,20 +75,31 @@ class CapkvStats(KVConnectorStats):
         return CapkvStats(merge_counts(self.data, other.data))
 
     def reduce(self) -> dict[str, int | float]:
-        """Every numeric counter, its path joined with dots (children as ``#1``, ``#2``)."""
+        """Every numeric counter, its path joined with dots (e.g. ``#2.loaded_blocks``)."""
         return dict(_flatten(self.data, ""))
 
     def is_empty(self) -> bool:
         return not self.data
 
 
-def merge_counts(old: Mapping[Any, Any], new: Mapping[Any, Any]) -> dict[Any, Any]:
+def stats_data(stats: object) -> dict[str, Any]:
+    """A stack's statistics as vLLM's ``KVConnectorStats.data``: string keys, a composite's children as ``#1``, ``#2``."""
+    if not isinstance(stats, Mapping):
+        return {"stack": stats}
+    data: dict[str, Any] = {}
+    for key, value in cast("Mapping[object, Any]", stats).items():
+        name = f"#{key + 1}" if isinstance(key, int) and not isinstance(key, bool) else str(key)
+        data[name] = stats_data(value) if isinstance(value, Mapping) else value
+    return data
+
+
+def merge_counts(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """``old`` and ``new`` merged: numbers summed, mappings merged recursively, anything else replaced."""
     merged = dict(old)
     for key, value in new.items():
         mine: object = merged.get(key)
         if isinstance(mine, Mapping) and isinstance(value, Mapping):
-            merged[key] = merge_counts(cast("Mapping[Any, Any]", mine), cast("Mapping[Any, Any]", value))
+            merged[key] = merge_counts(cast("Mapping[str, Any]", mine), cast("Mapping[str, Any]", value))
         elif _is_number(mine) and _is_number(value):
             merged[key] = cast("float", mine) + cast("float", value)
         else:
@@ -99,12 +111,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
-def _flatten(data: Mapping[Any, Any], prefix: str) -> Iterable[tuple[str, int | float]]:
+def _flatten(data: Mapping[str, Any], prefix: str) -> Iterable[tuple[str, int | float]]:
     for key, value in data.items():
-        name = f"#{key + 1}" if isinstance(key, int) and not isinstance(key, bool) else str(key)
-        path = f"{prefix}.{name}" if prefix else name
+        path = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, Mapping):
-            yield from _flatten(cast("Mapping[Any, Any]", value), path)
+            yield from _flatten(cast("Mapping[str, Any]", value), path)
         elif _is_number(value):
             yield path, cast("int | float", value)
 
