@@ -26,7 +26,7 @@ vLLM turns HMA off (one group) and any stack serves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, cast
 
@@ -84,7 +84,9 @@ class CapkvConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         host = self.HOST
-        configured = load_hosted(stack_config(self._kv_transfer_config.kv_connector_extra_config, host=host))
+        transfer = vllm_config.kv_transfer_config
+        extra = None if transfer is None else transfer.kv_connector_extra_config
+        configured = load_hosted(stack_config(extra, host=host))
         require_host_capability(host, configured)  # from the classes, before anything is built
         self.spec = engine_spec(kv_cache_config, owner=host)
         built = build_hosted(configured, Engine(vllm_config, role, kv_cache_config, self.spec))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Any, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -89,26 +88,27 @@ def stats_data(stats: object) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for key, value in cast("Mapping[object, Any]", stats).items():
         name = f"#{key + 1}" if isinstance(key, int) and not isinstance(key, bool) else str(key)
-        data[name] = stats_data(value) if isinstance(value, Mapping) else value
+        data[name] = stats_data(cast("Mapping[object, Any]", value)) if isinstance(value, Mapping) else value
     return data
 
 
 def merge_counts(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """``old`` and ``new`` merged: numbers summed, mappings merged recursively, anything else replaced."""
     merged = dict(old)
-    for key, value in new.items():
+    for key, new_value in new.items():
         mine: object = merged.get(key)
-        if isinstance(mine, Mapping) and isinstance(value, Mapping):
-            merged[key] = merge_counts(cast("Mapping[str, Any]", mine), cast("Mapping[str, Any]", value))
-        elif _is_number(mine) and _is_number(value):
-            merged[key] = cast("float", mine) + cast("float", value)
+        theirs: object = new_value
+        if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            merged[key] = merge_counts(cast("Mapping[str, Any]", mine), cast("Mapping[str, Any]", theirs))
+        elif _is_number(mine) and _is_number(theirs):
+            merged[key] = cast("float", mine) + cast("float", theirs)
         else:
-            merged[key] = value
+            merged[key] = theirs
     return merged
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _flatten(data: Mapping[str, Any], prefix: str) -> Iterable[tuple[str, int | float]]:
