@@ -98,10 +98,10 @@ def merge_counts(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, An
     for key, new_value in new.items():
         mine: object = merged.get(key)
         theirs: object = new_value
-        if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
-            merged[key] = merge_counts(cast("Mapping[str, Any]", mine), cast("Mapping[str, Any]", theirs))
-        elif _is_number(mine) and _is_number(theirs):
+        if _is_number(mine) and _is_number(theirs):
             merged[key] = cast("float", mine) + cast("float", theirs)
+        elif isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            merged[key] = merge_counts(cast("Mapping[str, Any]", mine), cast("Mapping[str, Any]", theirs))
         else:
             merged[key] = theirs
     return merged
