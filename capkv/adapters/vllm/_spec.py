@@ -22,7 +22,7 @@ from vllm.v1.kv_cache_interface import (
     compute_layer_kv_cache_shape_bytes,
 )
 
-from capkv.contracts.spec import KVSpec
+from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 
 __all__ = ["engine_spec", "registered_caches"]
