@@ -120,3 +120,7 @@ class KVCacheConfig:
         hisparse_shared_host_pool: bool = False,
         kv_tp_replicas: int = 1,
     ) -> None: ...
+
+def compute_layer_kv_cache_shape_bytes(
+    spec: KVCacheSpec, num_blocks: int, kernel_block_size: int | None = None
+) -> tuple[int, ...]: ...
