@@ -23,7 +23,7 @@ holds is a :class:`~capkv.ContractError` — never guessed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Final, Generic, cast, overload
@@ -37,7 +37,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
-from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmOutputCarrier
+from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, VllmOutputCarrier
 from capkv.contracts.engine import (
     AttentionMetadata,
     BlockIds,
@@ -89,7 +89,10 @@ def is_hma_vllm_connector(connector: object) -> bool:
 class VllmChild(Generic[_V]):
     """A vLLM connector as a capkv :class:`~capkv.KVConnector` (not HMA-capable)."""
 
-    __slots__ = ("_inner", "_cls", "_name", "_vllm_config", "_null_block_id", "_planned_loads", "_group_of")
+    __slots__ = (
+        "_inner", "_cls", "_name", "_vllm_config", "_null_block_id", "_planned_loads", "_group_of",
+        "_matched", "_allocated", "_finished", "_results", "_uses_get_finished",
+    )
 
     __capkv_wrapper__: Final = True
     """capkv names a wrapper by what it wraps (diagnostics, ``capkv check``, the mypy plugin)."""
@@ -121,6 +124,14 @@ class VllmChild(Generic[_V]):
         self._null_block_id = null_block_id
         self._planned_loads: dict[str, BlockIds] = {}
         self._group_of: dict[int, int] = {}
+        # Hot calls, bound once; ``Any``: capkv's request protocol stands for vLLM's Request here.
+        calls: Any = connector
+        self._matched: Callable[[Any, int], tuple[int | None, bool]] = calls.get_num_new_matched_tokens
+        self._allocated: Callable[[Any, KVCacheBlocks, int], None] = calls.update_state_after_alloc
+        self._finished: Callable[[Any, list[int]], tuple[bool, KVTransferParams | None]] = calls.request_finished
+        self._results: Callable[[set[str]], Any] = calls.get_transfer_results
+        # vLLM's base get_transfer_results only repackages get_finished: ask get_finished then.
+        self._uses_get_finished = self._cls.get_transfer_results is KVConnectorBase_V1.get_transfer_results
 
     @property
     def wrapped(self) -> _V:
@@ -133,13 +144,12 @@ class VllmChild(Generic[_V]):
     # ---- scheduler side ----------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int, /) -> tuple[int | None, bool]:
-        return self._inner.get_num_new_matched_tokens(cast("Any", request), num_computed_tokens)
+        return self._matched(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks: BlockIds, num_external_tokens: int, /) -> None:
         """vLLM's ``KVCacheBlocks``: the engine's own when the host carried them, else built from the ids."""
-        carried = getattr(blocks, "kv_cache_blocks", None)
-        vllm_blocks = carried if isinstance(carried, KVCacheBlocks) else self._blocks(blocks)
-        self._inner.update_state_after_alloc(cast("Any", request), vllm_blocks, num_external_tokens)
+        vllm_blocks = blocks.kv_cache_blocks if type(blocks) is VllmBlockIds else self._blocks(blocks)
+        self._allocated(request, vllm_blocks, num_external_tokens)
         if num_external_tokens > 0:
             self._planned_loads[request.request_id] = blocks
 
@@ -169,7 +179,7 @@ class VllmChild(Generic[_V]):
             carried.kv_connector_worker_meta = saved
 
     def request_finished(self, request: Request, block_ids: list[int], /) -> tuple[bool, KVTransferParams | None]:
-        return self._inner.request_finished(cast("Any", request), block_ids)
+        return self._finished(request, block_ids)
 
     def take_events(self) -> Iterable[object]:
         return self._inner.take_events()
@@ -246,7 +256,9 @@ class VllmChild(Generic[_V]):
     def get_finished(self, finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
         """From vLLM's ``get_transfer_results`` (what vLLM's worker calls; failed receives are also
         finished receives there, and their blocks come through the load errors)."""
-        results = self._inner.get_transfer_results(finished_req_ids)
+        if self._uses_get_finished:
+            return self._inner.get_finished(finished_req_ids)
+        results = self._results(finished_req_ids)
         return results.finished_sending or None, results.finished_recving or None
 
     def get_block_ids_with_load_errors(self) -> LoadErrors:
@@ -290,12 +302,21 @@ class VllmChild(Generic[_V]):
 class HMAVllmChild(VllmChild[_HV]):
     """A vLLM ``SupportsHMA`` connector as a capkv :class:`~capkv.HMAConnector`."""
 
-    __slots__ = ()
+    __slots__ = ("_finished_all",)
+
+    def __init__(
+        self, connector: _HV, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
+    ) -> None:
+        super().__init__(connector, vllm_config=vllm_config, null_block_id=null_block_id)
+        calls: Any = connector
+        self._finished_all: Callable[[Any, BlockIds], tuple[bool, KVTransferParams | None]] = (
+            calls.request_finished_all_groups
+        )
 
     def request_finished_all_groups(
         self, request: Request, block_ids: BlockIds, /
     ) -> tuple[bool, KVTransferParams | None]:
-        return cast("SupportsHMA", self._inner).request_finished_all_groups(cast("Any", request), block_ids)
+        return self._finished_all(request, block_ids)
 
 
 def _to_vllm_output(output: KVConnectorOutput) -> VllmKVConnectorOutput:
