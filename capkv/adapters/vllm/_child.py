@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Final, Generic, cast, overload
+from typing import TYPE_CHECKING, Any, Final, Generic, cast, overload
 
 import torch
 from typing_extensions import TypeVar
@@ -97,8 +97,15 @@ class VllmChild(Generic[_V]):
     __capkv_wrapper__: Final = True
     """capkv names a wrapper by what it wraps (diagnostics, ``capkv check``, the mypy plugin)."""
 
-    def __init__(
-        self, connector: _V, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
+    if TYPE_CHECKING:
+        def __init__(
+            self, connector: _V, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
+        ) -> None: ...
+
+    # At run time the connector is checked here, with errors that name it — also in dev mode,
+    # where beartype would otherwise refuse it first by its type variable's bound.
+    def __init__(  # noqa: F811
+        self, connector: object, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
     ) -> None:
         if not isinstance(connector, KVConnectorBase_V1):
             raise ContractError(
@@ -304,8 +311,13 @@ class HMAVllmChild(VllmChild[_HV]):
 
     __slots__ = ("_finished_all",)
 
-    def __init__(
-        self, connector: _HV, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
+    if TYPE_CHECKING:
+        def __init__(
+            self, connector: _HV, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
+        ) -> None: ...
+
+    def __init__(  # noqa: F811
+        self, connector: object, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
     ) -> None:
         super().__init__(connector, vllm_config=vllm_config, null_block_id=null_block_id)
         calls: Any = connector
@@ -344,7 +356,7 @@ def wrap(
     connector: _C, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = ...
 ) -> VllmChild[_C]: ...
 def wrap(
-    connector: KVConnectorBase_V1 | SupportsHMA,
+    connector: object,
     /,
     *,
     vllm_config: VllmConfig | None = None,
