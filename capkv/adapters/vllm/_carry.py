@@ -9,14 +9,15 @@ so the child passes the originals on instead of rebuilding them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping  # noqa: F401  (dev mode resolves the inherited fields' hints here)
+from collections.abc import Mapping as Mapping  # dev mode resolves the inherited fields' hints here
 from dataclasses import dataclass
 from typing import Final
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
-from capkv.contracts.engine import BlockIds, KVConnectorOutput, WorkerMetadata  # noqa: F401  (as above)
+from capkv.contracts.engine import BlockIds, KVConnectorOutput
+from capkv.contracts.engine import WorkerMetadata as WorkerMetadata  # as above
 
 __all__ = ["VLLM_NULL_BLOCK_ID", "VllmBlockIds", "VllmOutputCarrier", "block_ids_from_vllm"]
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, cast, overload
+from typing import Any, Final, Generic, cast, overload
 
 import torch
-from typing_extensions import TypeVar
+from typing_extensions import Self, TypeVar
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector as VllmMultiConnector
@@ -97,34 +97,18 @@ class VllmChild(Generic[_V]):
     __capkv_wrapper__: Final = True
     """capkv names a wrapper by what it wraps (diagnostics, ``capkv check``, the mypy plugin)."""
 
-    if TYPE_CHECKING:
-        def __init__(
-            self, connector: _V, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
-        ) -> None: ...
+    def __new__(
+        cls, connector: object, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
+    ) -> Self:
+        """Check the connector here, with errors that name it — also in dev mode, where
+        beartype would otherwise refuse it first, by the type variable's bound, in ``__init__``."""
+        _check_connector(cls, connector)
+        return super().__new__(cls)
 
-    # At run time the connector is checked here, with errors that name it — also in dev mode,
-    # where beartype would otherwise refuse it first by its type variable's bound.
-    def __init__(  # noqa: F811
-        self, connector: object, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
+    def __init__(  # pyright: ignore[reportInconsistentConstructor]  # __new__ takes anything, to refuse it by name
+        self, connector: _V, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
     ) -> None:
-        if not isinstance(connector, KVConnectorBase_V1):
-            raise ContractError(
-                f"{type(self).__name__}: expected a vLLM connector (a KVConnectorBase_V1), got "
-                f"{type(connector).__name__} {connector!r}",
-                connector=type(connector).__name__,
-                method="__init__",
-                value=connector,
-            )
-        wrapper = type(self).__name__
-        if isinstance(self, HMAVllmChild) and not is_hma_vllm_connector(connector):
-            raise CapabilityError(
-                f'{wrapper}: "{type(connector).__name__}" does not derive from vLLM\'s SupportsHMA '
-                "(or, for vLLM's MultiConnector, a sub-connector does not); wrap it with capkv.vllm.wrap",
-                connector=type(connector).__name__,
-                method="__init__",
-                value=connector,
-            )
-        self._inner: KVConnectorBase_V1 = connector
+        self._inner: KVConnectorBase_V1 = cast("KVConnectorBase_V1", connector)
         self._cls: type[KVConnectorBase_V1] = type(self._inner)
         self._name = type(connector).__name__
         self._vllm_config = vllm_config
@@ -311,13 +295,8 @@ class HMAVllmChild(VllmChild[_HV]):
 
     __slots__ = ("_finished_all",)
 
-    if TYPE_CHECKING:
-        def __init__(
-            self, connector: _HV, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
-        ) -> None: ...
-
-    def __init__(  # noqa: F811
-        self, connector: object, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
+    def __init__(  # pyright: ignore[reportInconsistentConstructor]  # as in VllmChild
+        self, connector: _HV, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
     ) -> None:
         super().__init__(connector, vllm_config=vllm_config, null_block_id=null_block_id)
         calls: Any = connector
@@ -329,6 +308,26 @@ class HMAVllmChild(VllmChild[_HV]):
         self, request: Request, block_ids: BlockIds, /
     ) -> tuple[bool, KVTransferParams | None]:
         return self._finished_all(request, block_ids)
+
+
+def _check_connector(cls: type[Any], connector: object) -> None:
+    """A wrapper takes a vLLM connector; the HMA wrapper only a ``SupportsHMA`` one."""
+    if not isinstance(connector, KVConnectorBase_V1):
+        raise ContractError(
+            f"{cls.__name__}: expected a vLLM connector (a KVConnectorBase_V1), got "
+            f"{type(connector).__name__} {connector!r}",
+            connector=type(connector).__name__,
+            method="__init__",
+            value=connector,
+        )
+    if issubclass(cls, HMAVllmChild) and not is_hma_vllm_connector(connector):
+        raise CapabilityError(
+            f'{cls.__name__}: "{type(connector).__name__}" does not derive from vLLM\'s SupportsHMA '
+            "(or, for vLLM's MultiConnector, a sub-connector does not); wrap it with capkv.vllm.wrap",
+            connector=type(connector).__name__,
+            method="__init__",
+            value=connector,
+        )
 
 
 def _to_vllm_output(output: KVConnectorOutput) -> VllmKVConnectorOutput:
