@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from capkv.cli.main import main
+from capkv.cli._main import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "transfer", *sys.argv[1:]]))

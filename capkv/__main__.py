@@ -2,6 +2,6 @@
 
 import sys
 
-from capkv.cli.main import main
+from capkv.cli._main import main
 
 sys.exit(main())

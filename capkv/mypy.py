@@ -51,7 +51,7 @@ from mypy.types import (
     get_proper_type,
 )
 
-from capkv.capabilities.hma import HMA_METHOD, WRAPPER_MARK, NonHMAChild, explain_not_hma
+from capkv.capabilities._hma import HMA_METHOD, WRAPPER_MARK, NonHMAChild, explain_not_hma
 
 __all__ = ["CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"]
 
@@ -61,10 +61,10 @@ SUPPORTED_MYPY: tuple[tuple[int, int], ...] = ((2, 3), (2, 4))
 CAPKV_HMA = ErrorCode("capkv-hma", "A connector stack used where HMA capability is required", "capkv")
 """The error code of the plugin's explanation (``# type: ignore[capkv-hma]`` silences it)."""
 
-_STACK = "capkv.composite.multi.MultiConnector"
-_HMA_STACK = "capkv.composite.multi.HMAMultiConnector"
-_CONNECTOR = "capkv.contracts.connector.KVConnector"
-_HMA_CONNECTOR = "capkv.contracts.connector.HMAConnector"
+_STACK = "capkv.composite._multi.MultiConnector"
+_HMA_STACK = "capkv.composite._multi.HMAMultiConnector"
+_CONNECTOR = "capkv.contracts._connector.KVConnector"
+_HMA_CONNECTOR = "capkv.contracts._connector.HMAConnector"
 _ITERABLE = "typing.Iterable"
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from capkv import HMAMultiConnector, KVConnectorOutput, MultiConnector, MultiConnectorMetadata
-from capkv.contracts.connector import KV_CONNECTOR_MEMBERS
+from capkv.contracts._connector import KV_CONNECTOR_MEMBERS
 from tests.fakes import Req
 
 DEFAULTS: dict[str, object] = {

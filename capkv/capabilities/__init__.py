@@ -1,7 +1,7 @@
 """Capability rules: what a connector or a stack can serve, decided once, never by ``assert``."""
 
-from capkv.capabilities.facts import NEEDS_INSTANCE, STATIC_FACTS, StaticFact, class_fact
-from capkv.capabilities.hma import (
+from capkv.capabilities._facts import NEEDS_INSTANCE, STATIC_FACTS, StaticFact, class_fact
+from capkv.capabilities._hma import (
     HMA_METHOD,
     HMA_RULE,
     NonHMAChild,
@@ -10,7 +10,7 @@ from capkv.capabilities.hma import (
     non_hma_children,
     supports_hma,
 )
-from capkv.capabilities.serving import (
+from capkv.capabilities._serving import (
     KVCacheConfigLike,
     check_stack,
     finish_request,

@@ -1,1 +1,5 @@
-"""The ``capkv`` command line: one module per subcommand, dispatched by :mod:`capkv.cli.main`."""
+"""The ``capkv`` command line: one private module per subcommand, dispatched by :func:`main`."""
+
+from capkv.cli._main import main
+
+__all__ = ["main"]

@@ -4,8 +4,8 @@ Capability is decided from the configured *classes*, before any connector is
 constructed, by the same rule as :class:`~capkv.MultiConnector`'s static types.
 """
 
-from capkv.config.build import FACTORY_HOOK, ConnectorFactory, build_connector, build_stack
-from capkv.config.loader import (
+from capkv.config._build import FACTORY_HOOK, ConnectorFactory, build_connector, build_stack
+from capkv.config._loader import (
     ConfiguredConnector,
     ConfiguredNode,
     ConfiguredStack,
@@ -13,7 +13,7 @@ from capkv.config.loader import (
     load_stack_file,
     read_config_file,
 )
-from capkv.config.registry import (
+from capkv.config._registry import (
     BUILTIN_CONNECTORS,
     ENTRY_POINT_GROUP,
     ConnectorRegistry,

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from capkv.capabilities.hma import describe, explain_not_hma, non_hma_children, supports_hma
-from capkv.config.loader import ConfiguredConnector, ConfiguredStack
+from capkv.capabilities._hma import describe, explain_not_hma, non_hma_children, supports_hma
+from capkv.config._loader import ConfiguredConnector, ConfiguredStack
 from capkv.errors import CapabilityError, ConfigError
 
 __all__ = [

@@ -10,13 +10,13 @@ All key blocks by group and a chained content hash of the token prefix, so the
 two stores interoperate in a ``MultiConnector`` stack.
 """
 
-from capkv.connectors.base import PrefixStoreConnector
-from capkv.connectors.cpu_offload import CPUOffloadConnector, HostPoolConnector
-from capkv.connectors.file_store import FileStoreConnector
-from capkv.connectors.hits import GroupGeometry, longest_hit
-from capkv.connectors.keys import BlockKey, PrefixHasher
-from capkv.connectors.metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.connectors.single_group import SingleGroupOffloadConnector
+from capkv.connectors._base import PrefixStoreConnector
+from capkv.connectors._cpu_offload import CPUOffloadConnector, HostPoolConnector
+from capkv.connectors._file_store import FileStoreConnector
+from capkv.connectors._hits import GroupGeometry, longest_hit
+from capkv.connectors._keys import BlockKey, PrefixHasher
+from capkv.connectors._metadata import BlockMove, SaveReport, StoreMetadata
+from capkv.connectors._single_group import SingleGroupOffloadConnector
 
 __all__ = [
     "BlockKey",

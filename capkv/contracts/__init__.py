@@ -1,9 +1,9 @@
 """The contracts: what connectors are, what engines hand them, and the KV-cache shape."""
 
-from capkv.contracts.base import KVConnectorBase
-from capkv.contracts.class_level import class_level
-from capkv.contracts.connector import HMAConnector, KVConnector, RequestT, SupportsHMA
-from capkv.contracts.engine import (
+from capkv.contracts._base import KVConnectorBase
+from capkv.contracts._class_level import class_level
+from capkv.contracts._connector import HMAConnector, KVConnector, RequestT, SupportsHMA
+from capkv.contracts._engine import (
     AttentionMetadata,
     BlockIds,
     ComputedTokenRequest,
@@ -18,7 +18,7 @@ from capkv.contracts.engine import (
     TokenRequest,
     WorkerMetadata,
 )
-from capkv.contracts.spec import KVGroupSpec, KVSpec
+from capkv.contracts._spec import KVGroupSpec, KVSpec
 
 __all__ = [
     "AttentionMetadata",

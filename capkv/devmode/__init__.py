@@ -3,12 +3,12 @@
 Turn it on with ``CAPKV_DEV=1`` or ``python -X dev`` (never under ``python -O``),
 then wrap the stack once the KV cache is known: ``stack = capkv.instrument(stack, spec)``.
 The checks are also usable directly (:func:`check_block_copy` for copy ops) and
-as beartype hints (:mod:`capkv.devmode.hints`).
+as beartype hints (:mod:`capkv.devmode._hints`).
 """
 
 # First, before any other capkv module loads: in dev mode, the rest of capkv
 # is imported under beartype (see check_capkv_types).
-from capkv.devmode.mode import (
+from capkv.devmode._mode import (
     ENV_VAR,
     check_capkv_types,
     dev_mode,
@@ -20,13 +20,13 @@ from capkv.devmode.mode import (
 
 check_capkv_types()
 
-from capkv.devmode.blocks import (  # noqa: E402
+from capkv.devmode._blocks import (  # noqa: E402
     check_block_copies,
     check_block_copy,
     check_block_groups,
     check_block_ids,
 )
-from capkv.devmode.hints import (  # noqa: E402
+from capkv.devmode._hints import (  # noqa: E402
     block_copy_hint,
     block_groups_hint,
     block_ids_hint,
@@ -35,8 +35,8 @@ from capkv.devmode.hints import (  # noqa: E402
     kv_layer_hint,
     single_group_hint,
 )
-from capkv.devmode.instrument import CHECKED_METHODS, Instrumented, instrument  # noqa: E402
-from capkv.devmode.tensors import check_kv_caches, check_kv_tensor  # noqa: E402
+from capkv.devmode._instrument import CHECKED_METHODS, Instrumented, instrument  # noqa: E402
+from capkv.devmode._tensors import check_kv_caches, check_kv_tensor  # noqa: E402
 
 __all__ = [
     "CHECKED_METHODS",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from capkv.cli.main import main
+from capkv.cli._main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = "tests.config.sample_connectors"

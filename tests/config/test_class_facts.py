@@ -10,10 +10,10 @@ import pytest
 
 from capkv import ConflictError, KVConnectorBase, MultiConnector, class_level
 from capkv.capabilities import NEEDS_INSTANCE, STATIC_FACTS, class_fact
-from capkv.composite.multi import answers_by_agreement
-from capkv.connectors.cpu_offload import CPUOffloadConnector
-from capkv.connectors.file_store import FileStoreConnector
-from capkv.connectors.single_group import SingleGroupOffloadConnector
+from capkv.composite._multi import answers_by_agreement
+from capkv.connectors._cpu_offload import CPUOffloadConnector
+from capkv.connectors._file_store import FileStoreConnector
+from capkv.connectors._single_group import SingleGroupOffloadConnector
 from tests.config import sample_connectors
 from tests.config.sample_connectors import FIXED, EngineBound, EngineBoundConfigured, EngineBoundNHD
 from tests.config.test_check_cli import SAMPLES, check, leaf, multi
@@ -96,7 +96,7 @@ def test_a_composite_with_its_own_rule_is_asked_as_an_instance() -> None:
 
 
 def check_toml(tmp_path: Path, text: str, *options: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from capkv.cli.main import main
+    from capkv.cli._main import main
 
     path = tmp_path / "stack.toml"
     path.write_text(text)

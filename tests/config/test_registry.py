@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-import capkv.config.registry as registry_module
+import capkv.config._registry as registry_module
 from capkv import ConfigError, MultiConnector
 from capkv.config import ConnectorRegistry, default_registry, register_connector, resolve_connector
 from tests.config.sample_connectors import DiskConnector, OffloadConnector

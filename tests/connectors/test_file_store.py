@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from capkv.connectors import FileStoreConnector
-from capkv.connectors.block_file import (
+from capkv.connectors._block_file import (
     HEADER_SIZE,
     ReadResult,
     read_block_file,
@@ -21,7 +21,7 @@ from capkv.connectors.block_file import (
     tensor_memory,
     write_block_file,
 )
-from capkv.connectors.keys import BlockKey
+from capkv.connectors._keys import BlockKey
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine
 from tests.paged import Group, make_spec

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from capkv import KVConnectorOutput, KVSpec, MultiWorkerMetadata
-from capkv.cli.main import main
+from capkv.cli._main import main
 from capkv.connectors import BlockKey, CPUOffloadConnector, FileStoreConnector, PrefixHasher, SaveReport
-from capkv.cli import demo
-from capkv.connectors import block_file
-from capkv.connectors.block_file import write_block_file
-from capkv.connectors.host_pool import HostPoolIndex
-from capkv.connectors.keys import RequestKeys
+from capkv.cli import _demo as demo
+from capkv.connectors import _block_file as block_file
+from capkv.connectors._block_file import write_block_file
+from capkv.connectors._host_pool import HostPoolIndex
+from capkv.connectors._keys import RequestKeys
 from capkv.errors import MetadataError
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine, Req, Run
@@ -156,7 +156,7 @@ def test_a_prefix_is_offered_only_once_every_block_it_needs_has_landed(engine: M
 
 
 class _RenameHeld:
-    """``os`` as :mod:`capkv.connectors.block_file` sees it, whose atomic rename waits for the test."""
+    """``os`` as :mod:`capkv.connectors._block_file` sees it, whose atomic rename waits for the test."""
 
     def __init__(self) -> None:
         self.arrived = threading.Event()

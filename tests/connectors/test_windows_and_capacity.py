@@ -9,7 +9,7 @@ import pytest
 from capkv import ContractError
 from capkv.connectors import CPUOffloadConnector
 from capkv.transfer import BlockCopier
-from capkv.transfer.handle import CopyHandle
+from capkv.transfer._handle import CopyHandle
 from tests.connectors.conftest import CONNECTORS, flush, tokens
 from tests.connectors.engine import MiniEngine, Req
 from tests.paged import Group, make_spec

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from capkv.cli import demo
-from capkv.cli.main import main
+from capkv.cli import _demo as demo
+from capkv.cli._main import main
 from capkv.engine import EngineStats
 from tests.engine.connectors import BlockStore, OffByOne
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from capkv import ConfigError, ContractError, KVGroupSpec, KVSpec
 from capkv.transfer import BlockCopier, spec_block_nbytes
-from capkv.transfer.cuda import chunk_spans, copy_rows
+from capkv.transfer._cuda import chunk_spans, copy_rows
 from tests.paged import LAYOUTS, Group, block_bytes, block_dim, empty_caches, make_spec, randomize, same_bits
 
 TWO_GROUPS = (Group(block_size=16, layers=2), Group(block_size=32, layers=3, window=64))

@@ -325,7 +325,7 @@ def test_a_capkv_stack_reports_a_wrapped_childs_load_errors_per_group() -> None:
 
 
 def test_capkv_check_reports_vllm_connectors_with_their_hma_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
-    from capkv.cli.main import main
+    from capkv.cli._main import main
 
     stack = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
         {"kv_connector": "CPUOffloadConnector"},

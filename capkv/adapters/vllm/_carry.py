@@ -16,8 +16,8 @@ from typing import Final
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
-from capkv.contracts.engine import BlockIds, KVConnectorOutput
-from capkv.contracts.engine import WorkerMetadata as WorkerMetadata  # as above
+from capkv.contracts._engine import BlockIds, KVConnectorOutput
+from capkv.contracts._engine import WorkerMetadata as WorkerMetadata  # as above
 
 __all__ = ["VLLM_NULL_BLOCK_ID", "VllmBlockIds", "VllmOutputCarrier", "block_ids_from_vllm"]
 

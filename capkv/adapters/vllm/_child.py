@@ -38,7 +38,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
 from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, VllmOutputCarrier
-from capkv.contracts.engine import (
+from capkv.contracts._engine import (
     AttentionMetadata,
     BlockIds,
     ConnectorMetadata,

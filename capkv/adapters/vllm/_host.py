@@ -44,8 +44,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 
-from capkv.capabilities.facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
-from capkv.capabilities.serving import check_stack, finish_request
+from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
+from capkv.capabilities._serving import check_stack, finish_request
 from capkv.config._hosts import HMA_HOST, PLAIN_HOST, require_host_capability, stack_config
 from capkv.adapters.vllm._spec import engine_spec, registered_caches
 from capkv.adapters.vllm._stack import Engine, build_hosted, configured_fact, load_hosted
@@ -58,10 +58,10 @@ from capkv.adapters.vllm._translate import (
     merge_counts,
     to_capkv_output,
 )
-from capkv.contracts.connector import KVConnector
-from capkv.contracts.engine import BlockIds, KVTransferParams
-from capkv.contracts.spec import KVSpec
-from capkv.devmode.instrument import instrument
+from capkv.contracts._connector import KVConnector
+from capkv.contracts._engine import BlockIds, KVTransferParams
+from capkv.contracts._spec import KVSpec
+from capkv.devmode._instrument import instrument
 from capkv.errors import ConflictError, MetadataError
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from vllm.v1.kv_cache_interface import KVCacheConfig, compute_layer_kv_cache_shape_bytes
 
-from capkv.contracts.spec import KVSpec
+from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 
 __all__ = ["engine_spec", "registered_caches"]

@@ -28,12 +28,12 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
-from capkv.capabilities.facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE, StaticFact, class_fact
-from capkv.composite.agreement import child_label, combine
-from capkv.config.build import build_connector, build_stack
-from capkv.config.loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack, load_stack
-from capkv.config.registry import ConnectorRegistry, default_registry
-from capkv.contracts.spec import KVSpec
+from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE, StaticFact, class_fact
+from capkv.composite._agreement import child_label, combine
+from capkv.config._build import build_connector, build_stack
+from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack, load_stack
+from capkv.config._registry import ConnectorRegistry, default_registry
+from capkv.contracts._spec import KVSpec
 from capkv.errors import CapkvError, ConfigError
 
 __all__ = ["Engine", "build_hosted", "configured_fact", "load_hosted"]

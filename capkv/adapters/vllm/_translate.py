@@ -25,7 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
-from capkv.contracts.engine import BlockIds, KVConnectorOutput, LoadErrors, WorkerMetadata
+from capkv.contracts._engine import BlockIds, KVConnectorOutput, LoadErrors, WorkerMetadata
 from capkv.errors import ContractError, MetadataError
 
 __all__ = [

@@ -1,0 +1,73 @@
+"""``capkv bench``: measure what capkv's connectors cost.
+
+``capkv bench transfer`` times the block copy ops (gather to host rows, scatter
+back) against a plain contiguous copy of the same bytes on the same devices —
+the physical limit — and prints the ratio for 16-, 32- and 128-token blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from capkv.transfer._bench import TransferFigures, measure_transfer
+
+__all__ = ["add_arguments", "run"]
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    transfer = benches.add_parser(
+        "transfer",
+        help="block gather/scatter throughput against a contiguous copy of the same bytes",
+        description="Block gather/scatter throughput against a contiguous copy of the same bytes "
+        "(on CUDA: device <-> pinned host).",
+    )
+    transfer.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                          help="where the paged KV cache lives (default: cuda when available, else cpu)")
+    transfer.add_argument("--block-sizes", type=int, nargs="+", default=[16, 32, 128], metavar="TOKENS")
+    transfer.add_argument("--layers", type=int, default=8)
+    transfer.add_argument("--kv-heads", type=int, default=8)
+    transfer.add_argument("--head-dim", type=int, default=128)
+    transfer.add_argument("--dtype", choices=sorted(_DTYPES), default="float16")
+    transfer.add_argument("--mib", type=int, default=128, help="MiB moved per call (default: 128)")
+    transfer.add_argument("--rounds", type=int, default=15, help="timed rounds; the median is reported")
+
+
+def run(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    dtype = _DTYPES[args.dtype]
+    print(
+        f"capkv bench transfer: {device}, {args.layers} layers x (K, V) x {args.kv_heads} heads x "
+        f"{args.head_dim} dims, {args.dtype}, {args.mib} MiB per call, random block ids, "
+        f"{args.rounds} rounds, {torch.get_num_threads()} CPU threads"
+    )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load > 0.5 * (os.cpu_count() or 1):
+        print(f"note: load average {load:.1f} on {os.cpu_count()} CPUs; other processes skew these figures")
+    direction = ("device->host", "host->device") if device.type == "cuda" else ("host", "host")
+    print(f"{'block':>6} {'blocks':>7} {'contiguous':>12} {'gather':>11} {'ratio':>6}  "
+          f"{'contiguous':>12} {'scatter':>11} {'ratio':>6}   {'median ratios':>14}")
+    print(f"{'tokens':>6} {'moved':>7} {direction[0]:>12} {'':>11} {'':>6}  {direction[1]:>12} {'':>11} {'':>6}"
+          f"   {'gather scatter':>14}")
+    for block_size in args.block_sizes:
+        figures = measure_transfer(
+            block_size, device=device, layers=args.layers, kv_heads=args.kv_heads,
+            head_dim=args.head_dim, dtype=dtype, nbytes=args.mib << 20, rounds=args.rounds,
+        )
+        print(_row(figures))
+    print("throughput and ratios from each operation's best round; median-round ratios on the right")
+    return 0
+
+
+def _row(f: TransferFigures) -> str:
+    median_gather, median_scatter = f.median_ratios
+    return (
+        f"{f.block_size:>6} {f.num_blocks:>7} {f.gbps(f.contiguous_out):>7.1f} GB/s {f.gbps(f.gather):>6.1f} GB/s "
+        f"{f.gather_ratio:>5.2f}x  {f.gbps(f.contiguous_in):>7.1f} GB/s {f.gbps(f.scatter):>6.1f} GB/s "
+        f"{f.scatter_ratio:>5.2f}x   {median_gather:>5.2f}x {median_scatter:>6.2f}x"
+    )

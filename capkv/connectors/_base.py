@@ -1,0 +1,175 @@
+"""The shared connector of capkv's prefix-keyed stores (host pool, files).
+
+One object plays both sides, as vLLM builds a connector once per role: the
+scheduler-side members delegate to a :class:`StoreScheduler`, the worker-side
+members to a :class:`StoreWorker`, and the two meet only in the
+:class:`StoreMetadata` the engine carries between them.
+
+Flow, per engine step: ``get_num_new_matched_tokens`` offers the longest
+prefix every group can load; ``update_state_after_alloc`` plans the load into
+the allocated blocks; ``build_connector_meta`` ships the plan;
+``start_load_kv`` loads (synchronously on CPU, stream-ordered on CUDA: the
+load is never asynchronous to the engine) and starts saves planned by
+``request_finished_all_groups``; ``get_finished`` reports a request once its
+saves completed, after which the engine frees its blocks;
+``build_connector_worker_meta`` reports which saves landed in the store (or
+failed), and ``update_connector_output`` hands that to the scheduler side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from capkv.connectors._keys import PrefixHasher
+from capkv.connectors._metadata import SaveReport, StoreMetadata
+from capkv.connectors._scheduler import StoreIndex, StoreScheduler
+from capkv.connectors._worker import StoreWorker
+from capkv.contracts._base import KVConnectorBase
+from capkv.contracts._engine import (
+    AttentionMetadata,
+    BlockIds,
+    ConnectorMetadata,
+    ForwardContext,
+    KVConnectorOutput,
+    KVTransferParams,
+    LoadErrors,
+    SchedulerOutput,
+    ComputedTokenRequest,
+)
+from capkv.contracts._spec import KVSpec
+from capkv.errors import CapabilityError, ConfigError, MetadataError
+
+__all__ = ["PrefixStoreConnector", "require_store_spec"]
+
+
+def require_store_spec(spec: KVSpec, owner: str) -> KVSpec:
+    """``spec``, when it says enough to key, size and copy every group's blocks."""
+    if len(spec.groups) != spec.num_groups:
+        raise ConfigError(
+            f"{owner}: the spec must describe each of its {spec.num_groups} KV-cache groups; it describes {len(spec.groups)}",
+            connector=owner, method="__init__", value=len(spec.groups),
+        )
+    if spec.dtype is None:
+        raise ConfigError(f"{owner}: the spec needs a dtype", connector=owner, method="__init__", value=None)
+    for index, group in enumerate(spec.groups):
+        problems = [
+            what
+            for what, bad in (
+                ("layer_names", not group.layer_names),
+                ("kv_shape", group.kv_shape is None),
+                ("a positive block_size", group.block_size is None or group.block_size < 1),
+                ("a positive sliding_window or None", group.sliding_window is not None and group.sliding_window < 1),
+            )
+            if bad
+        ]
+        if problems:
+            raise ConfigError(
+                f"{owner}: group {index} needs {', '.join(problems)}",
+                connector=owner, method="__init__", group=index, value=group,
+            )
+    return spec
+
+
+class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
+    """Prefix-keyed block store for every KV-cache group; subclasses choose where blocks live."""
+
+    def __init__(self, spec: KVSpec, index: StoreIndex, worker: StoreWorker, *, namespace: str) -> None:
+        self.spec = spec
+        self._scheduler = StoreScheduler(spec, index, PrefixHasher(spec, namespace, owner=self._name), owner=self._name)
+        self._worker = worker
+
+    @property
+    def _name(self) -> str:
+        return type(self).__name__
+
+    # ---- scheduler side ------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: ComputedTokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
+        """Tokens every group can load beyond ``num_computed_tokens``; loads are never asynchronous."""
+        return self._scheduler.matched_tokens(request, num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: ComputedTokenRequest, blocks: BlockIds, num_external_tokens: int, /) -> None:
+        self._scheduler.allocated(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> StoreMetadata:
+        return self._scheduler.build()
+
+    def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
+        self._scheduler.output(connector_output)
+
+    def request_finished(self, request: ComputedTokenRequest, block_ids: list[int], /) -> tuple[bool, KVTransferParams | None]:
+        """Single-group finish: only meaningful when the spec has one group."""
+        if self.spec.num_groups != 1:
+            raise CapabilityError(
+                f"{self._name}.request_finished got one group's blocks; the KV cache has "
+                f"{self.spec.num_groups} groups, so the engine must call request_finished_all_groups",
+                connector=self._name, method="request_finished", value=self.spec.num_groups,
+            )
+        return self._finish(request, (block_ids,), "request_finished")
+
+    def _finish(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> tuple[bool, KVTransferParams | None]:
+        return self._scheduler.finished(request, block_ids, method), None
+
+    # ---- worker side ---------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], /) -> None:
+        self._worker.register(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: ConnectorMetadata, /) -> None:
+        if not isinstance(connector_metadata, StoreMetadata):
+            raise MetadataError(
+                f"{self._name}.bind_connector_metadata: expected StoreMetadata, got {connector_metadata!r}",
+                connector=self._name, method="bind_connector_metadata", value=connector_metadata,
+            )
+        super().bind_connector_metadata(connector_metadata)
+
+    def _bound(self) -> StoreMetadata:
+        metadata = self.connector_metadata
+        if not isinstance(metadata, StoreMetadata):  # bind_connector_metadata checked it
+            raise MetadataError(
+                f"{self._name}: bound metadata is not StoreMetadata", connector=self._name, value=metadata
+            )
+        return metadata
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Load this step's blocks (ordered before the forward pass), then start its saves."""
+        metadata = self._bound()
+        self._worker.load(metadata)
+        self._worker.save(metadata)
+
+    def wait_for_layer_load(self, layer_name: str, /) -> None:
+        """Nothing to wait for: ``start_load_kv`` already ordered the engine after every load."""
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
+        """Nothing per layer: finished requests' blocks are saved whole, every layer in one copy."""
+
+    def wait_for_save(self) -> None:
+        """Nothing to wait for: saves read held blocks, and ``get_finished`` reports them."""
+
+    def get_finished(self, finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
+        return self._worker.finished(), None
+
+    def get_block_ids_with_load_errors(self) -> LoadErrors:
+        return self._worker.take_load_errors()
+
+    def build_connector_worker_meta(self) -> SaveReport | None:
+        """The saves that ended since the last step, stored or failed; the scheduler side needs it
+        to make stored blocks loadable and failed ones saveable again."""
+        return self._worker.report()
+
+    def get_kv_connector_stats(self) -> dict[str, int] | None:
+        """Counters since the last call (``None`` when all are zero): ``hit_tokens``,
+        ``loaded_blocks``/``loaded_bytes``, ``saved_blocks``/``saved_bytes`` (saves started),
+        ``failed_blocks`` (loads that failed), ``failed_save_blocks`` (saves that failed)."""
+        counts = self._worker.take_counts()
+        hit_tokens = self._scheduler.take_hit_tokens()
+        if hit_tokens:
+            counts["hit_tokens"] = hit_tokens
+        return counts or None
+
+    def shutdown(self) -> None:
+        self._worker.shutdown()

@@ -1,0 +1,77 @@
+"""What a store connector's two sides tell each other each step.
+
+The scheduler side sends :class:`StoreMetadata` (the step's loads and saves);
+the worker side answers with a :class:`SaveReport` (which saves ended, and
+how) as its worker metadata. Plain frozen data, so it would cross a process
+boundary as it is: the two sides share nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from capkv.connectors._keys import BlockKey
+from capkv.errors import MetadataError
+
+__all__ = ["BlockMove", "SaveReport", "StoreMetadata"]
+
+
+@dataclass(frozen=True)
+class BlockMove:
+    """Some blocks of one request and one group, moved between the engine and the store.
+
+    ``block_ids[j]`` (an engine block) pairs with ``keys[j]`` (where it is
+    stored) and ``slots[j]`` (its host-pool slot; unused by stores without one).
+    """
+
+    request_id: str
+    group: int
+    block_ids: tuple[int, ...]
+    keys: tuple[BlockKey, ...]
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StoreMetadata:
+    """One step's work for the worker side."""
+
+    loads: tuple[BlockMove, ...] = ()
+    """Store -> engine, done before the step's forward pass."""
+    saves: tuple[BlockMove, ...] = ()
+    """Engine -> store, for finished requests whose blocks are held until the save completes."""
+    unavailable: tuple[tuple[int, int], ...] = ()
+    """``(group, block_id)`` the scheduler promised but can no longer load: reported as load errors."""
+    step: int = 0
+    """Which step built it (counting from 1): the worker reports loads done by step, so pins
+    are released by what ran, not by how often the engine calls ``update_connector_output``."""
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """Worker -> scheduler: the saves that ended since the last report, and how far loads got.
+
+    A save is planned once per key and the key counts as held from then on,
+    so it is not planned twice while it is in flight; the report ends that
+    state, whichever way the save went.
+    """
+
+    stored: frozenset[BlockKey] = frozenset()
+    """Complete in the store: loadable from now on."""
+    failed: frozenset[BlockKey] = frozenset()
+    """Not stored (a disk error, say): the scheduler may plan them again."""
+    loaded_through: int | None = None
+    """The last step whose loads ran (``None``: no news); the blocks they read may be evicted."""
+
+    def aggregate(self, other: Any, /) -> SaveReport:
+        """Merge another worker's report; a key that any worker failed to store counts as failed, and
+        a step's loads are done once every worker has done them (releasing a pin late is safe, early is not)."""
+        if not isinstance(other, SaveReport):
+            raise MetadataError(
+                f"SaveReport.aggregate: expected another SaveReport, got {other!r}",
+                connector="SaveReport", method="aggregate", value=other,
+            )
+        failed = self.failed | other.failed
+        mine, theirs = self.loaded_through, other.loaded_through
+        loaded = None if mine is None or theirs is None else min(mine, theirs)  # a later report covers it
+        return SaveReport((self.stored | other.stored) - failed, failed, loaded)

@@ -1,0 +1,285 @@
+"""The scheduler side of a prefix-keyed store: what to load, what to save, where.
+
+It decides and records; the worker side executes what the metadata says and
+reports which saves ended (:class:`SaveReport`, its worker metadata). The two
+share no state, so the pair would work split across processes as well as
+inside one object. A key is planned for saving at most once: from the plan
+until the report it is held (never planned again) but not loadable.
+
+Blocks a load will read are pinned (not evictable) from the plan until the
+worker reports that step's loads done: each metadata carries its step number
+and the report the highest step whose loads ran, so an engine that skips
+``update_connector_output`` on a step, or calls it twice, neither leaks pins
+nor releases them early.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from capkv.connectors._hits import GroupGeometry, longest_hit
+from capkv.connectors._keys import BlockKey, PrefixHasher, RequestKeys
+from capkv.connectors._metadata import BlockMove, SaveReport, StoreMetadata
+from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVConnectorOutput, TokenRequest
+from capkv.contracts._spec import KVSpec
+from capkv.devmode._blocks import check_block_groups
+from capkv.errors import ContractError, MetadataError
+
+__all__ = ["StoreIndex", "StoreScheduler"]
+
+
+@runtime_checkable
+class StoreIndex(Protocol):
+    """What the scheduler side knows of a store's contents."""
+
+    def loadable(self, key: BlockKey, /) -> bool:
+        """Stored completely, so a load may read it."""
+        ...
+
+    def holds(self, key: BlockKey, /) -> bool:
+        """Stored, or reserved and not yet reported over (no need to save it again)."""
+        ...
+
+    def touch(self, key: BlockKey, /) -> None:
+        """``key`` was just used (LRU stores)."""
+        ...
+
+    def pin(self, key: BlockKey, /) -> int | None:
+        """Keep ``key`` until the load that reads it has run; its slot, or ``None`` when not loadable."""
+        ...
+
+    def unpin(self, key: BlockKey, /) -> None: ...
+
+    def reserve(self, key: BlockKey, /) -> int | None:
+        """A slot to save ``key`` into (``key`` is held from now on), or ``None`` when the store has no room."""
+        ...
+
+    def commit(self, key: BlockKey, /) -> None:
+        """The save of ``key`` has landed: it is loadable."""
+        ...
+
+    def release(self, key: BlockKey, /) -> None:
+        """The save of ``key`` failed: forget the reservation, so it may be saved again."""
+        ...
+
+
+class StoreScheduler:
+    """Hit lookup, load and save planning for every KV-cache group of one spec."""
+
+    def __init__(self, spec: KVSpec, index: StoreIndex, hasher: PrefixHasher, *, owner: str) -> None:
+        self._owner = owner
+        self._spec = spec
+        self._index = index
+        self._hasher = hasher
+        self._geometry = tuple(
+            GroupGeometry(group.block_size or 1, group.sliding_window) for group in spec.groups
+        )
+        self._null = spec.null_block_id
+        self._keys: dict[str, RequestKeys] = {}
+        self._offers: dict[str, tuple[int, int]] = {}
+        self._loads: list[BlockMove] = []
+        self._saves: list[BlockMove] = []
+        self._unavailable: list[tuple[int, int]] = []
+        self._pinned: list[BlockKey] = []
+        self._step = 0
+        """The step number of the last metadata built."""
+        self._pinned_by_step: dict[int, list[BlockKey]] = {}
+        self.hit_tokens: int = 0
+        """Tokens offered and accepted since the last :meth:`take_hit_tokens`."""
+
+    # ---- lookups -------------------------------------------------------------------
+
+    def matched_tokens(self, request: TokenRequest, num_computed_tokens: int) -> int:
+        """Tokens beyond ``num_computed_tokens`` that every group can load (block-aligned)."""
+        method = "get_num_new_matched_tokens"
+        keys = self._request_keys(request)
+        total = len(request.all_token_ids)
+        self._check_token_count(num_computed_tokens, total, request.request_id, method, "num_computed_tokens")
+        limit = total - 1  # the engine must compute at least the last token
+
+        def present(group: int, block: int) -> bool:
+            return self._index.loadable(keys.key(group, block, method=method))
+
+        end = longest_hit(self._geometry, num_computed_tokens, limit, present)
+        if end > num_computed_tokens:
+            self._offers[request.request_id] = (num_computed_tokens, end)
+        else:
+            self._offers.pop(request.request_id, None)
+        return end - num_computed_tokens
+
+    def allocated(self, request: TokenRequest, blocks: BlockIds, num_external_tokens: int) -> None:
+        """Plan the load of the offered blocks into the engine's newly allocated ``blocks``."""
+        method = "update_state_after_alloc"
+        offer = self._offers.pop(request.request_id, None)
+        if num_external_tokens == 0:
+            return
+        start, end = self._accepted(request.request_id, offer, num_external_tokens)
+        self._check_block_ids(blocks, method)
+        keys = self._request_keys(request)
+        for group, geometry in enumerate(self._geometry):
+            ids = blocks[group]
+            needed = geometry.needed(start, end)
+            if len(ids) < needed.stop:
+                raise ContractError(
+                    f"{self._owner}.{method}: group {group} of request {request.request_id!r} has "
+                    f"{len(ids)} block ids; loading up to token {end} needs {needed.stop}",
+                    connector=self._owner, method=method, group=group, value=len(ids),
+                )
+            move_ids: list[int] = []
+            move_keys: list[BlockKey] = []
+            slots: list[int] = []
+            for block in needed:
+                block_id = ids[block]
+                if block_id == self._null:  # outside the window: the engine does not hold it
+                    continue
+                key = keys.key(group, block, method=method)
+                slot = self._index.pin(key)
+                if slot is None:
+                    self._unavailable.append((group, block_id))
+                    continue
+                self._pinned.append(key)
+                move_ids.append(block_id)
+                move_keys.append(key)
+                slots.append(slot)
+            if move_ids:
+                self._loads.append(
+                    BlockMove(request.request_id, group, tuple(move_ids), tuple(move_keys), tuple(slots))
+                )
+        self.hit_tokens += num_external_tokens
+
+    def _accepted(self, request_id: str, offer: tuple[int, int] | None, num_external_tokens: int) -> tuple[int, int]:
+        method = "update_state_after_alloc"
+        if offer is None:
+            raise ContractError(
+                f"{self._owner}.{method}: num_external_tokens={num_external_tokens} for request "
+                f"{request_id!r}, but get_num_new_matched_tokens offered it nothing",
+                connector=self._owner, method=method, value=num_external_tokens,
+            )
+        start, offered_end = offer
+        end = start + num_external_tokens
+        misaligned = [g for g, geo in enumerate(self._geometry) if end % geo.block_size]
+        if end > offered_end or misaligned:
+            why = "more than offered" if end > offered_end else f"not a whole number of group {misaligned[0]}'s blocks"
+            raise ContractError(
+                f"{self._owner}.{method}: num_external_tokens={num_external_tokens} for request "
+                f"{request_id!r} is {why} (offered {offered_end - start} beyond {start})",
+                connector=self._owner, method=method,
+                group=misaligned[0] if misaligned and end <= offered_end else None,
+                value=num_external_tokens,
+            )
+        return start, end
+
+    # ---- saves ---------------------------------------------------------------------
+
+    def finished(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> bool:
+        """Plan the save of a finished request's computed full blocks; ``True`` when its blocks must be held."""
+        request_id = request.request_id
+        self._offers.pop(request_id, None)
+        keys = self._keys.pop(request_id, None) or RequestKeys(self._hasher, request.all_token_ids)
+        keys.update(request.all_token_ids)
+        self._check_block_ids(block_ids, method)
+        computed = self._computed_tokens(request, method)
+        # Token order across groups, so a store that fills up keeps whole prefixes.
+        candidates = sorted(
+            ((block + 1) * geometry.block_size, group, block)
+            for group, geometry in enumerate(self._geometry)
+            for block in range(min(computed // geometry.block_size, len(block_ids[group])))
+            if block_ids[group][block] != self._null
+        )
+        planned: dict[int, list[tuple[int, BlockKey, int]]] = {}
+        for _, group, block in candidates:
+            key = keys.key(group, block, method=method)
+            if self._index.holds(key):
+                self._index.touch(key)
+                continue
+            slot = self._index.reserve(key)
+            if slot is None:
+                break
+            planned.setdefault(group, []).append((block_ids[group][block], key, slot))
+        if not planned:
+            return False
+        for group, entries in sorted(planned.items()):
+            ids, group_keys, slots = zip(*entries, strict=True)
+            self._saves.append(BlockMove(request_id, group, ids, group_keys, slots))
+        return True
+
+    def take_hit_tokens(self) -> int:
+        """Tokens loaded into the engine since the last call."""
+        tokens, self.hit_tokens = self.hit_tokens, 0
+        return tokens
+
+    # ---- step boundaries -------------------------------------------------------------
+
+    def build(self) -> StoreMetadata:
+        """This step's metadata; the loads' pins last until the worker reports this step's loads done."""
+        self._step += 1
+        metadata = StoreMetadata(tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step)
+        if self._pinned:
+            self._pinned_by_step[self._step] = self._pinned
+        self._loads, self._saves, self._unavailable, self._pinned = [], [], [], []
+        return metadata
+
+    def output(self, connector_output: KVConnectorOutput) -> None:
+        """The worker reported: release the pins of every step whose loads ran; saves reported
+        stored become loadable, failed ones saveable."""
+        method = "update_connector_output"
+        report: object = getattr(connector_output, "worker_meta", _MISSING)
+        if report is _MISSING:
+            raise ContractError(
+                f"{self._owner}.{method}: expected a KVConnectorOutput (with worker_meta), got {connector_output!r}",
+                connector=self._owner, method=method, value=connector_output,
+            )
+        if report is None:
+            return
+        if not isinstance(report, SaveReport):
+            raise MetadataError(
+                f"{self._owner}.{method}: expected SaveReport worker metadata, got {report!r}",
+                connector=self._owner, method=method, value=report,
+            )
+        if report.loaded_through is not None:
+            for step in [step for step in self._pinned_by_step if step <= report.loaded_through]:
+                for key in self._pinned_by_step.pop(step):
+                    self._index.unpin(key)
+        for key in report.stored:
+            self._index.commit(key)
+        for key in report.failed:
+            self._index.release(key)
+
+    # ---- helpers -------------------------------------------------------------------
+
+    def _request_keys(self, request: TokenRequest) -> RequestKeys:
+        keys = self._keys.get(request.request_id)
+        if keys is None:
+            keys = self._keys[request.request_id] = RequestKeys(self._hasher, request.all_token_ids)
+        else:
+            keys.update(request.all_token_ids)
+        return keys
+
+    def _check_block_ids(self, blocks: BlockIds, method: str) -> None:
+        check_block_groups(self._spec, blocks, connector=self._owner, method=method, subject="block_ids")
+
+    def _computed_tokens(self, request: ComputedTokenRequest, method: str) -> int:
+        """The request's ``num_computed_tokens``, required: saving blocks whose KV was never
+        computed (a request aborted before prefill) would offer garbage to later requests."""
+        computed: object = getattr(request, "num_computed_tokens", _MISSING)
+        if computed is _MISSING:
+            raise ContractError(
+                f"{self._owner}.{method}: request {request.request_id!r} ({type(request).__name__}) has no "
+                "num_computed_tokens; a store saves only computed KV, so the request must say how much "
+                "there is (see capkv.ComputedTokenRequest)",
+                connector=self._owner, method=method, value=request,
+            )
+        total = len(request.all_token_ids)
+        return self._check_token_count(computed, total, request.request_id, method, "num_computed_tokens")
+
+    def _check_token_count(self, count: object, total: int, request_id: str, method: str, name: str) -> int:
+        if type(count) is not int or not 0 <= count <= total:
+            raise ContractError(
+                f"{self._owner}.{method}: {name}={count!r} for request {request_id!r}; expected an int "
+                f"in [0, {total}] (the request has {total} tokens)",
+                connector=self._owner, method=method, value=count,
+            )
+        return count
+
+
+_MISSING = object()

@@ -1,0 +1,145 @@
+"""The engine: a scheduler and a worker around one connector, checked before it serves.
+
+Start-up follows vLLM: the stack is checked against the KV-cache groups
+(:func:`capkv.check_stack` — a non-HMA stack on a hybrid model is refused here,
+not when the first request finishes), wrapped in dev-mode contracts (a no-op
+unless dev mode is on), asked for a memory pool, handed the paged tensors, and
+introduced to its peers. Each :meth:`Engine.step` is one schedule → forward →
+update round; :meth:`Engine.run` steps until every request finished and every
+block a connector held was released.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from capkv.capabilities._hma import describe
+from capkv.capabilities._serving import check_stack
+from capkv.contracts._connector import KVConnector
+from capkv.devmode._instrument import instrument
+from capkv.engine._block_pool import BlockPool
+from capkv.engine._block_tables import BlockTables
+from capkv.engine._compute import KVFunction
+from capkv.engine._kv_cache import PagedKVCache
+from capkv.engine._model import KV_LAYOUT, ModelShape
+from capkv.engine._request import Request
+from capkv.engine._scheduler import FinishedRequest, Scheduler
+from capkv.engine._stats import EngineStats
+from capkv.engine._verify import Verifier
+from capkv.engine._worker import Worker
+from capkv.errors import CapabilityError, ConfigError, ContractError
+
+__all__ = ["Engine"]
+
+Progress = Callable[[int, int], None]
+"""Called after each step with (requests finished, requests added)."""
+
+
+class Engine:
+    """A small, faithful serving loop over a paged, hybrid KV cache."""
+
+    def __init__(
+        self,
+        shape: ModelShape,
+        connector: KVConnector[Request],
+        *,
+        verify: bool = True,
+        max_num_seqs: int = 32,
+        max_num_batched_tokens: int = 8192,
+        transfer_timeout_s: float = 60.0,
+    ) -> None:
+        spec = shape.kv_spec()
+        check_stack(connector, spec)
+        layout = connector.get_required_kvcache_layout()
+        if layout is not None and layout != KV_LAYOUT:
+            raise CapabilityError(
+                f'"{describe(connector)}" needs KV-cache layout {layout!r}; this engine lays KV out as {KV_LAYOUT!r}',
+                connector=describe(connector),
+                method="get_required_kvcache_layout",
+                value=layout,
+            )
+        connector = instrument(connector, spec)  # identity unless dev mode is on
+        self.shape = shape
+        self.spec = spec
+        self.connector = connector
+        self.transfer_timeout_s = transfer_timeout_s
+        self.stats: EngineStats = EngineStats(len(shape.groups))
+        self.cache: PagedKVCache = PagedKVCache(shape, mem_pool=connector.get_mem_pool_context())
+        connector.register_kv_caches(dict(self.cache.tensors))
+        handshake = connector.get_handshake_metadata()
+        if handshake is not None:
+            connector.set_xfer_handshake_metadata({0: handshake})
+        self.pool: BlockPool = BlockPool(shape.num_blocks, spec.null_block_id)
+        self.kv_function: KVFunction = KVFunction(shape)
+        verifier = Verifier(self.cache, self.kv_function) if verify else None
+        self.scheduler: Scheduler = Scheduler(
+            shape, connector, BlockTables(shape.groups, self.pool), self.stats, verifier,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        )
+        self.worker: Worker = Worker(connector, self.cache, self.kv_function, verifier, self.stats)
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def step(self) -> tuple[int, list[FinishedRequest]]:
+        """One round: schedule, run the forward pass, apply its results.
+
+        Returns the number of tokens computed and the requests that finished.
+        """
+        output = self.scheduler.schedule()
+        result = self.worker.execute(output)
+        return output.total_num_scheduled_tokens, self.scheduler.update_from_output(output, result)
+
+    def run(self, requests: Iterable[Request], progress: Progress | None = None) -> list[FinishedRequest]:
+        """Serve ``requests`` to completion, and wait until connectors released every block."""
+        added = 0
+        for request in requests:
+            self.add_request(request)
+            added += 1
+        finished: list[FinishedRequest] = []
+        idle_since: float | None = None
+        while self.scheduler.has_unfinished:
+            computed, step_finished = self.step()
+            finished += step_finished
+            if progress is not None:
+                progress(len(finished), added)
+            idle_since = None if computed else self._wait_idle(idle_since)
+        return finished
+
+    def _wait_idle(self, idle_since: float | None) -> float:
+        """Nothing was computed: give background transfers time, but not forever.
+
+        Admission reserves every request's worst case, so running requests always
+        have room; the first check guards that promise rather than spin.
+        """
+        now = time.monotonic()
+        if self.scheduler.running and not self.scheduler.transfers_in_flight:
+            raise ConfigError(
+                f"the KV-cache pool ({self.shape.num_blocks} blocks) is too small for the running requests; "
+                "raise num_blocks or lower max_num_seqs",
+                value=self.shape.num_blocks,
+            )
+        if idle_since is None:
+            return now
+        if now - idle_since > self.transfer_timeout_s:
+            name = describe(self.connector)
+            raise ContractError(
+                f'"{name}" made no progress for {self.transfer_timeout_s:g} s: no transfer it started was '
+                "reported finished, or get_num_new_matched_tokens kept answering None",
+                connector=name,
+                method="get_finished",
+                value=self.transfer_timeout_s,
+            )
+        time.sleep(0.001)
+        return idle_since
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the local prefix cache and poison the paged KV, so the next run must load or recompute."""
+        if self.scheduler.has_unfinished:
+            raise ConfigError("reset_prefix_cache: requests are still being served", method="reset_prefix_cache")
+        self.pool.reset_prefix_cache()
+        self.cache.poison()
+
+    def shutdown(self) -> None:
+        self.connector.shutdown()

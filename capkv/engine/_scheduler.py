@@ -1,0 +1,346 @@
+"""The scheduler: which requests run each step, and the connector's scheduler side.
+
+For a waiting request, in vLLM's order: find the local prefix hit, ask the
+connector how many more tokens it can load (``None``: ask again next step),
+allocate blocks, tell the connector (``update_state_after_alloc``). After
+scheduling, ``build_connector_meta`` packs the step for the worker side. When the
+worker reports back: roll back requests whose loads failed, append the sampled
+tokens, finish requests (through :func:`capkv.finish_request`, which refuses to
+truncate groups), hand the connector its output, free the blocks of requests whose
+asynchronous saves completed, and collect events.
+
+Asynchronous loads park a request in ``WAITING_FOR_REMOTE_KVS`` until the worker
+reports it in ``finished_recving``. A request whose blocks a connector keeps
+(``delay_free``) holds them until it comes back in ``finished_sending``. Before a
+request is handed to the connector at finish, its whole KV is verified.
+
+Unlike vLLM there is no preemption and no chunked prefill: admission reserves a
+request's worst-case blocks, so whatever was admitted runs to the end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from capkv.capabilities._hma import describe
+from capkv.capabilities._serving import finish_request
+from capkv.contracts._connector import KVConnector
+from capkv.contracts._engine import KVConnectorOutput, KVTransferParams
+from capkv.engine._block_tables import BlockTables, LocalHit
+from capkv.engine._model import ModelShape
+from capkv.engine._outputs import LoadCheck, Mismatch, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from capkv.engine._request import Request, RequestStatus
+from capkv.engine._stats import EngineStats
+from capkv.engine._verify import VerificationError, Verifier
+from capkv.errors import ConfigError, ContractError
+
+__all__ = ["FinishedRequest", "Scheduler"]
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    request: Request
+    kv_transfer_params: KVTransferParams | None
+
+
+class Scheduler:
+    """Admits, runs and finishes requests against one block pool and one connector."""
+
+    def __init__(
+        self,
+        shape: ModelShape,
+        connector: KVConnector[Request],
+        tables: BlockTables,
+        stats: EngineStats,
+        verifier: Verifier | None,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+    ) -> None:
+        self.shape = shape
+        self.connector = connector
+        self.tables = tables
+        self.stats = stats
+        self.verifier = verifier
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished: list[FinishedRequest] = []
+        self._requests: dict[str, Request] = {}
+        self._pending_checks: dict[str, LoadCheck] = {}
+        """Loaded ranges not yet verified (async loads wait here until the request runs)."""
+        self._received: set[str] = set()
+        """Async loads the worker reported complete, not yet resumed."""
+        self._delayed_free: dict[str, Request] = {}
+        self._finished_since_last_step: set[str] = set()
+        self._step = 0
+
+    # ---- queue ---------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ConfigError(f"request id {request.request_id!r} is already in the engine", value=request.request_id)
+        most = self._max_blocks(request)
+        if most > self.tables.pool.num_blocks - 1:
+            raise ConfigError(
+                f"request {request.request_id!r} needs up to {most} blocks; the pool has "
+                f"{self.tables.pool.num_blocks - 1} (raise num_blocks)",
+                value=most,
+            )
+        self._requests[request.request_id] = request
+        self.waiting.append(request)
+        self.stats.prompt_tokens += request.num_prompt_tokens
+
+    def _max_blocks(self, request: Request) -> int:
+        """The most blocks ``request`` ever holds at once.
+
+        A sliding-window group holds the whole prompt while computing it, and
+        afterwards at most the blocks its window spans.
+        """
+        num_tokens = request.num_prompt_tokens + request.max_tokens
+        total = 0
+        for group in self.shape.groups:
+            blocks = math.ceil(num_tokens / group.block_size)
+            if group.sliding_window is not None:
+                window_blocks = math.ceil((group.sliding_window - 1) / group.block_size) + 2
+                blocks = max(math.ceil(request.num_prompt_tokens / group.block_size), min(blocks, window_blocks))
+            total += blocks
+        return total
+
+    def _reserved(self) -> int:
+        """Blocks the admitted requests may still take; new requests must leave them free.
+
+        Reserving each request's worst case at admission is what lets this engine
+        do without preemption: whatever was admitted can always run to the end.
+        """
+        growing = (RequestStatus.RUNNING, RequestStatus.WAITING_FOR_REMOTE_KVS)
+        return sum(
+            max(0, self._max_blocks(r) - self.tables.num_held(r))
+            for r in self._requests.values()
+            if r.status in growing
+        )
+
+    @property
+    def has_unfinished(self) -> bool:
+        """Requests still waiting or running, or holding blocks for a connector's save."""
+        return bool(self.waiting or self.running or self._delayed_free)
+
+    @property
+    def transfers_in_flight(self) -> bool:
+        return bool(self._delayed_free) or any(r.status is RequestStatus.WAITING_FOR_REMOTE_KVS for r in self.waiting)
+
+    # ---- schedule ------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step: running requests first, then waiting ones while room remains."""
+        scheduled: list[ScheduledRequest] = []
+        budget = self.max_num_batched_tokens
+        for request in self.running:
+            if not self.tables.grow(request):
+                continue
+            scheduled.append(self._scheduled(request, request.num_computed_tokens))
+            budget -= request.num_tokens - request.num_computed_tokens
+        held_back: list[Request] = []
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting.popleft()
+            if request.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+                if request.request_id not in self._received:
+                    held_back.append(request)
+                    continue
+                self._received.discard(request.request_id)
+                self.tables.cache_computed(request)
+            else:
+                if scheduled and request.num_tokens > budget:
+                    held_back.append(request)
+                    break
+                outcome = self._allocate(request)
+                if outcome != "ok":
+                    held_back.append(request)
+                    if outcome == "full":
+                        break  # first come, first served: nobody overtakes a request waiting for room
+                    continue
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            start = min(request.num_computed_tokens, request.num_tokens - 1)
+            scheduled.append(self._scheduled(request, start))
+            budget -= request.num_tokens - start
+        self.waiting.extendleft(reversed(held_back))
+        self._step += 1
+        output = SchedulerOutput(
+            self._step, scheduled, self._finished_since_last_step, self.tables.take_fresh_blocks()
+        )
+        self._finished_since_last_step = set()
+        output.kv_connector_metadata = self.connector.build_connector_meta(output)
+        return output
+
+    def _allocate(self, request: Request) -> Literal["ok", "loading", "retry", "full"]:
+        """Find hits and allocate blocks for a new request.
+
+        ``"ok"``: it runs this step; ``"loading"``: it waits for an async load;
+        ``"retry"``: the connector is still looking; ``"full"``: no room yet.
+        """
+        if self._max_blocks(request) > self.tables.pool.num_free - self._reserved():
+            return "full"
+        hit = self.tables.find_local_hit(request)
+        external, load_async = self.connector.get_num_new_matched_tokens(request, hit.num_tokens)
+        if external is None:
+            return "retry"
+        external = min(external, request.num_tokens - hit.num_tokens)
+        if not self.tables.admit(request, hit, external):
+            return "full"
+        self.connector.update_state_after_alloc(request, self.tables.block_ids(request), external)
+        request.num_computed_tokens = hit.num_tokens + external
+        self._count_hits(request, hit, external)
+        if external == 0:
+            return "ok"
+        self._pending_checks[request.request_id] = LoadCheck(hit.num_tokens, hit.num_tokens + external)
+        if load_async:
+            request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+            return "loading"
+        return "ok"
+
+    def _scheduled(self, request: Request, start: int) -> ScheduledRequest:
+        return ScheduledRequest(
+            request, start, request.num_tokens, self.tables.block_ids(request),
+            self._pending_checks.pop(request.request_id, None),
+        )
+
+    def _count_hits(self, request: Request, hit: LocalHit, external: int) -> None:
+        self.stats.local_hit_tokens += hit.num_tokens
+        self.stats.external_hit_tokens += external
+        null = self.tables.pool.null_block_id
+        for group, table in zip(self.shape.groups, self.tables.block_ids(request), strict=True):
+            counts = self.stats.groups[group.index]
+            size = group.block_size
+            for index, block in enumerate(table):
+                if block == null:
+                    continue
+                first, last = index * size, (index + 1) * size
+                local = max(0, min(last, hit.num_tokens) - first)
+                loaded = max(0, min(last, hit.num_tokens + external) - max(first, hit.num_tokens))
+                counts.local_hit_tokens += local
+                counts.loaded_tokens += loaded
+                if loaded:
+                    counts.loaded_blocks += 1
+                    counts.loaded_bytes += self.shape.block_bytes(group) * len(group.layer_names)
+
+    # ---- results -------------------------------------------------------------------
+
+    def update_from_output(self, output: SchedulerOutput, result: ModelRunnerOutput) -> list[FinishedRequest]:
+        """Apply one step's results; returns the requests that finished."""
+        kv_output = result.kv_connector_output
+        rollback = self._roll_back_failed_loads(output, kv_output)
+        self._check_loads(result.load_mismatches, rollback)
+        finished: list[FinishedRequest] = []
+        for item in output.scheduled:
+            request = item.request
+            self.stats.computed_tokens += item.stop - item.start
+            if request.request_id in rollback:
+                continue
+            request.num_computed_tokens = item.stop
+            request.append_output_token(result.sampled_token_ids[request.request_id])
+            self.tables.cache_computed(request)
+            if request.is_done:
+                finished.append(self._finish(request))
+        self.connector.update_connector_output(kv_output)
+        for request_id in kv_output.finished_recving:
+            self._on_received(request_id)
+        for request_id in kv_output.finished_sending:
+            self._on_sent(request_id)
+        self.stats.kv_events += sum(1 for _ in self.connector.take_events())
+        self.stats.steps += 1
+        self.finished.extend(finished)
+        return finished
+
+    def _roll_back_failed_loads(self, output: SchedulerOutput, kv_output: KVConnectorOutput) -> dict[str, int]:
+        """Requests whose loaded blocks failed recompute from the first failed block on.
+
+        Returns, per rolled-back request, the position it resumes from.
+        """
+        invalid = kv_output.invalid_block_ids
+        if not any(invalid.values()):
+            return {}
+        self.stats.load_error_blocks += sum(len(ids) for ids in invalid.values())
+        loading = [(s.request, s.load_check) for s in output.scheduled if s.load_check is not None]
+        loading += [(r, self._pending_checks[r.request_id]) for r in self.waiting if r.request_id in self._pending_checks]
+        rollback: dict[str, int] = {}
+        for request, check in loading:
+            first = self._first_invalid_position(request, check, invalid)
+            if first is None:
+                continue
+            rollback[request.request_id] = first
+            request.num_computed_tokens = min(request.num_computed_tokens, first)
+            if request.request_id in self._pending_checks:
+                self._pending_checks[request.request_id] = LoadCheck(check.start, first)
+        return rollback
+
+    def _first_invalid_position(
+        self, request: Request, check: LoadCheck, invalid: Mapping[int, frozenset[int]]
+    ) -> int | None:
+        first: int | None = None
+        for group, table in zip(self.shape.groups, self.tables.block_ids(request), strict=True):
+            bad = invalid.get(group.index, frozenset())
+            for index, block in enumerate(table):
+                position = index * group.block_size
+                if block in bad and position + group.block_size > check.start and position < check.stop:
+                    start = max(position, check.start)
+                    first = start if first is None else min(first, start)
+                    break
+        return first
+
+    def _check_loads(self, mismatches: list[Mismatch], rollback: dict[str, int]) -> None:
+        """Raise on a loaded block that differs from recomputation, unless its load was reported failed."""
+        for mismatch in mismatches:
+            resume = rollback.get(mismatch.request_id)
+            if resume is not None and mismatch.position >= resume:
+                continue
+            raise VerificationError(mismatch)
+
+    def _finish(self, request: Request) -> FinishedRequest:
+        self.running.remove(request)
+        request.status = RequestStatus.FINISHED
+        self.tables.remove_skipped(request)
+        if self.verifier is not None:
+            mismatch = self.verifier.check_request(request, self.tables.block_ids(request))
+            if mismatch is not None:
+                raise VerificationError(mismatch)
+        with self.stats.transferring():
+            delay_free, params = finish_request(self.connector, request, self.tables.computed_block_ids(request))
+        self.stats.requests_finished += 1
+        self._finished_since_last_step.add(request.request_id)
+        if delay_free:
+            self._delayed_free[request.request_id] = request
+        else:
+            self._release(request)
+        return FinishedRequest(request, params)
+
+    def _release(self, request: Request) -> None:
+        self.tables.free(request)
+        del self._requests[request.request_id]
+
+    def _on_received(self, request_id: str) -> None:
+        request = self._requests.get(request_id)
+        if request is None or request.status is not RequestStatus.WAITING_FOR_REMOTE_KVS or request_id in self._received:
+            raise self._stray("finished_recving", request_id, "that is not waiting for an asynchronous load")
+        self._received.add(request_id)
+
+    def _on_sent(self, request_id: str) -> None:
+        request = self._delayed_free.pop(request_id, None)
+        if request is None:
+            raise self._stray("finished_sending", request_id, "whose blocks it did not keep (delay_free)")
+        self._release(request)
+
+    def _stray(self, field: str, request_id: str, why: str) -> ContractError:
+        name = describe(self.connector)
+        return ContractError(
+            f'"{name}".get_finished reported {field} for request {request_id!r} {why}; '
+            "acting on it would free or reuse blocks twice",
+            connector=name,
+            method="get_finished",
+            value=request_id,
+        )

@@ -1,0 +1,111 @@
+"""The worker: runs one step's forward pass and the connector's worker side around it.
+
+In vLLM's order: bind the step's connector metadata, ``start_load_kv``; then per
+layer ``wait_for_layer_load``, check what was loaded, compute and write this
+step's KV, ``save_kv_layer``; then ``wait_for_save``, ``get_finished``, the load
+errors, the worker metadata, and ``clear_connector_metadata``. A step with
+nothing to compute still runs the connector calls, so transfers make progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capkv.contracts._connector import KVConnector
+from capkv.contracts._engine import KVConnectorOutput
+from capkv.engine._compute import KVFunction
+from capkv.engine._kv_cache import PagedKVCache, Slots
+from capkv.engine._outputs import ForwardContext, Mismatch, ModelRunnerOutput, SchedulerOutput
+from capkv.engine._request import Request
+from capkv.engine._stats import EngineStats
+from capkv.engine._verify import Verifier
+
+__all__ = ["LayerAttentionMetadata", "Worker"]
+
+
+@dataclass(frozen=True)
+class LayerAttentionMetadata:
+    """What ``save_kv_layer`` receives: where this step wrote the layer's KV."""
+
+    group: int
+    slots: Slots
+
+
+class Worker:
+    """Owns the paged cache; computes KV and drives the connector's worker side."""
+
+    def __init__(
+        self,
+        connector: KVConnector[Request],
+        cache: PagedKVCache,
+        kv_function: KVFunction,
+        verifier: Verifier | None,
+        stats: EngineStats,
+    ) -> None:
+        self.connector = connector
+        self.cache = cache
+        self.kv_function = kv_function
+        self.verifier = verifier
+        self.stats = stats
+        self.layer_names: tuple[str, ...] = cache.shape.layer_names
+
+    def execute(self, output: SchedulerOutput) -> ModelRunnerOutput:
+        connector = self.connector
+        for group in self.cache.shape.groups:
+            self.cache.poison_blocks(group, output.fresh_blocks.get(group.index, []))
+        connector.bind_connector_metadata(output.kv_connector_metadata)
+        with self.stats.transferring():
+            connector.start_load_kv(ForwardContext(output, self.layer_names))
+        mismatches: list[Mismatch] = []
+        if output.scheduled:
+            self._forward(output, mismatches)
+        with self.stats.transferring():
+            connector.wait_for_save()
+            sending, recving = connector.get_finished(output.finished_req_ids)
+        invalid = connector.get_block_ids_with_load_errors()
+        stats = connector.get_kv_connector_stats()
+        if stats is not None:
+            self.stats.connector_stats.append(stats)
+        worker_meta = connector.build_connector_worker_meta()
+        connector.clear_connector_metadata()
+        sampled = {
+            s.request_id: self.kv_function.sample(s.request.prefix_hash(s.stop - 1)) for s in output.scheduled
+        }
+        return ModelRunnerOutput(
+            sampled,
+            KVConnectorOutput(
+                finished_sending=frozenset(sending or ()),
+                finished_recving=frozenset(recving or ()),
+                worker_meta=worker_meta,
+                invalid_block_ids={g: frozenset(ids) for g, ids in invalid.items()},
+            ),
+            mismatches,
+        )
+
+    def _forward(self, output: SchedulerOutput, mismatches: list[Mismatch]) -> None:
+        """Every layer: wait for its load, check loaded KV, write this step's KV, hand it to the connector."""
+        connector = self.connector
+        shape = self.cache.shape
+        seeds = self.kv_function.seeds([h for s in output.scheduled for h in s.request.prefix_hashes(s.start, s.stop)])
+        slots = {
+            group.index: Slots.concat(
+                [self.cache.slots(group, s.block_ids[group.index], range(s.start, s.stop)) for s in output.scheduled]
+            )
+            for group in shape.groups
+        }
+        for layer in self.layer_names:
+            group = self.cache.group_of_layer[layer]
+            with self.stats.transferring():
+                connector.wait_for_layer_load(layer)
+            if self.verifier is not None:
+                for s in output.scheduled:
+                    if s.load_check is not None:
+                        mismatches += self.verifier.check_range(
+                            s.request, group, layer, s.block_ids[group.index],
+                            s.load_check.start, s.load_check.stop, when="after load",
+                        )
+            self.cache.write(layer, slots[group.index], self.kv_function.kv(layer, seeds))
+            with self.stats.transferring():
+                connector.save_kv_layer(
+                    layer, self.cache.tensors[layer], LayerAttentionMetadata(group.index, slots[group.index])
+                )

@@ -1,0 +1,56 @@
+"""Workloads of requests that share prefixes (system prompts, documents, few-shot examples).
+
+Each request is one of ``num_prefixes`` shared prefixes followed by a tail of its
+own, so a second request with the same prefix can reuse the first one's KV — from
+the local prefix cache, or through a connector once that cache is gone.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from capkv.engine._request import Request
+from capkv.errors import ConfigError
+
+__all__ = ["Workload"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """How many requests, how long their shared and private parts are, how many tokens they generate."""
+
+    num_requests: int = 32
+    num_prefixes: int = 4
+    prefix_len: int = 384
+    suffix_len: int = 65
+    max_tokens: int = 8
+    vocab_size: int = 32_000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_requests", "num_prefixes", "max_tokens", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"Workload: {name} must be at least 1", method="Workload", value=getattr(self, name))
+        if self.prefix_len < 0 or self.suffix_len < 0 or self.prefix_len + self.suffix_len < 1:
+            raise ConfigError(
+                "Workload: prefix_len and suffix_len must be >= 0 and not both 0",
+                method="Workload", value=(self.prefix_len, self.suffix_len),
+            )
+
+    def requests(self, tag: str = "req") -> list[Request]:
+        """The workload's requests (the same tokens every call; ids ``{tag}-{i}``)."""
+        rng = random.Random(self.seed)
+        prefixes = [[rng.randrange(self.vocab_size) for _ in range(self.prefix_len)] for _ in range(self.num_prefixes)]
+        return [
+            Request(
+                f"{tag}-{i}",
+                prefixes[i % self.num_prefixes] + [rng.randrange(self.vocab_size) for _ in range(self.suffix_len)],
+                max_tokens=self.max_tokens,
+            )
+            for i in range(self.num_requests)
+        ]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.num_requests * (self.prefix_len + self.suffix_len)
