@@ -18,6 +18,7 @@ __all__ = [
     "HMA_METHOD",
     "HMA_RULE",
     "NonHMAChild",
+    "WRAPPER_MARK",
     "StackNode",
     "explain_not_hma",
     "non_hma_children",
@@ -57,12 +58,19 @@ def supports_hma(connector: object) -> bool:
     return callable(getattr(connector, HMA_METHOD, None))
 
 
+WRAPPER_MARK = "__capkv_wrapper__"
+"""A class attribute set true by adapters that wrap another engine's connector (``wrapped``):
+diagnostics name the wrapped connector, at run time and in the ``capkv.mypy`` plugin."""
+
+
 def describe(node: object) -> str:
-    """A node's name in diagnostics: its class name (or its own name, for a class)."""
+    """A node's name in diagnostics: its class name (or its own name, for a class); a wrapper's, what it wraps."""
     if isinstance(node, StackNode):
         return node.node_name
     if isinstance(node, type):
         return node.__name__
+    if getattr(type(node), WRAPPER_MARK, False) is True:
+        return describe(getattr(node, "wrapped"))
     return type(node).__name__
 
 

@@ -16,7 +16,6 @@ means vLLM's. Each leaf is built the way its kind expects:
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
 import typing
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
+from capkv.adapters.vllm._child import wrap
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE, StaticFact, class_fact
 from capkv.composite._agreement import child_label, combine
 from capkv.config._build import build_connector, build_stack
@@ -107,9 +107,9 @@ def _build_leaf(leaf: ConfiguredConnector, engine: Engine) -> Any:
 
 
 def _wrap_vllm(leaf: ConfiguredConnector, engine: Engine) -> Any:
-    wrap: Callable[[object], Any] = importlib.import_module("capkv.adapters.vllm._child").wrap
-    built = leaf.cls(child_vllm_config(engine.vllm_config, leaf), engine.role, engine.kv_cache_config)
-    return wrap(built)
+    config = child_vllm_config(engine.vllm_config, leaf)
+    built = leaf.cls(config, engine.role, engine.kv_cache_config)
+    return wrap(built, vllm_config=config, null_block_id=engine.spec.null_block_id)
 
 
 def _guarded(leaf: ConfiguredConnector, make: Callable[[], Any]) -> Any:

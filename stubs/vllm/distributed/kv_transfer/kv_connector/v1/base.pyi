@@ -7,6 +7,7 @@ from typing import Any, Literal
 import torch
 
 from vllm.config import VllmConfig
+from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_events import KVCacheEvent, KVConnectorKVEvents
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.forward_context import ForwardContext
@@ -54,6 +55,11 @@ class KVConnectorWorkerMetadata(ABC):
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata: ...
 
 class KVConnectorBase_V1(ABC):
+    # Set by __init__: the configuration the connector was built with (subclasses read them).
+    _vllm_config: VllmConfig
+    _kv_transfer_config: KVTransferConfig
+    _kv_cache_config: KVCacheConfig
+    _role: KVConnectorRole
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool: ...
     @property
