@@ -53,7 +53,8 @@ from capkv.capabilities._serving import require_hma
 from capkv.composite._agreement import child_label, combine
 from capkv.composite._multi import answers_by_agreement, stack_class
 from capkv.config._build import build_connector
-from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack, load_stack_file
+from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
+from capkv.cli._host_check import host_lines, host_problems, load_hosted_file
 from capkv.errors import CapkvError, ConfigError
 
 __all__ = ["add_arguments", "run"]
@@ -82,16 +83,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         for module in args.imports:
             _import(module)
-        configured = load_stack_file(args.config)
+        hosted, configured = load_hosted_file(args.config)
     except ConfigError as exc:
         _error(str(exc))
         return 2
-    problems = _capability_problems(configured, args.groups)  # from classes: nothing built yet
+    # from classes: nothing built yet; a capkv host's refusal says it all
+    problems = host_problems(hosted, configured) or _capability_problems(configured, args.groups)
     root = _check(configured, build=not args.classes_only, problems=problems)
     rows = [[label, *fields] for label, fields in _rows(root, "", "")]
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for line in host_lines(hosted, configured):
+        print(line)
     unbuildable = list(dict.fromkeys(reason for node in _walk(root) for reason in node.missing_because))
     for problem in problems:
         _error(problem)
