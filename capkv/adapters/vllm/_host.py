@@ -26,6 +26,7 @@ vLLM turns HMA off (one group) and any stack serves.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, cast
@@ -53,6 +54,7 @@ from capkv.adapters.vllm._spec import engine_spec, registered_caches
 from capkv.adapters.vllm._stack import Engine, build_hosted, configured_fact, load_hosted
 from capkv.adapters.vllm._translate import (
     CapkvStats,
+    HostHandshake,
     HostMetadata,
     HostWorkerMetadata,
     LoadingBlocks,
@@ -62,7 +64,8 @@ from capkv.adapters.vllm._translate import (
     to_capkv_output,
 )
 from capkv.contracts._connector import KVConnector
-from capkv.contracts._engine import AttentionMetadata, BlockIds, ForwardContext, KVTransferParams
+from capkv.contracts._engine import AttentionMetadata, BlockIds, ForwardContext, KVTransferParams, WorkerMetadata
+from capkv.contracts._engine import KVConnectorOutput as CapkvKVConnectorOutput
 from capkv.contracts._spec import KVSpec
 from capkv.devmode._instrument import instrument
 from capkv.errors import ConflictError, MetadataError
@@ -154,7 +157,25 @@ class CapkvConnector(KVConnectorBase_V1):
         return list(self.stack.take_events())
 
     def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
-        self.stack.set_xfer_handshake_metadata(metadata)
+        """The workers' handshakes: the stack's own part to the stack; their registration reports
+        to the stack as a step's worker metadata, before any request is scheduled."""
+        inner: dict[int, Any] = {}
+        reports: list[WorkerMetadata] = []
+        for rank, shake in metadata.items():
+            if not isinstance(shake, HostHandshake):
+                raise MetadataError(
+                    f"{self.HOST}.set_xfer_handshake_metadata: expected HostHandshake from worker {rank}, got {shake!r}",
+                    connector=self.HOST, method="set_xfer_handshake_metadata", value=shake,
+                )
+            if shake.inner is not None:
+                inner[rank] = shake.inner
+            if shake.worker_meta is not None:
+                reports.append(shake.worker_meta)
+        if inner:
+            self.stack.set_xfer_handshake_metadata(inner)
+        if reports:
+            merged = functools.reduce(lambda a, b: a.aggregate(b), reports)
+            self.stack.update_connector_output(CapkvKVConnectorOutput(worker_meta=merged))
 
     def get_finished_count(self) -> int | None:
         return self.stack.get_finished_count()
@@ -204,8 +225,12 @@ class CapkvConnector(KVConnectorBase_V1):
         meta = self.stack.build_connector_worker_meta()
         return None if meta is None else HostWorkerMetadata(meta)
 
-    def get_handshake_metadata(self) -> Any:
-        return self.stack.get_handshake_metadata()
+    def get_handshake_metadata(self) -> HostHandshake | None:
+        """The stack's handshake, with what its worker side has to report since the KV caches were
+        registered (vLLM asks once, after registering them, before serving)."""
+        inner = self.stack.get_handshake_metadata()
+        report = self.stack.build_connector_worker_meta()
+        return None if inner is None and report is None else HostHandshake(inner, report)
 
     def get_mem_pool_context(self) -> AbstractContextManager[object] | None:
         return self.stack.get_mem_pool_context()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
 )
@@ -29,6 +30,7 @@ from capkv.errors import ContractError, MetadataError
 
 __all__ = [
     "CapkvStats",
+    "HostHandshake",
     "HostMetadata",
     "HostWorkerMetadata",
     "LoadingBlocks",
@@ -59,6 +61,20 @@ class HostWorkerMetadata(KVConnectorWorkerMetadata):
                 connector="CapkvConnector", method="aggregate", value=other,
             )
         return HostWorkerMetadata(self.inner.aggregate(other.inner))
+
+
+@dataclass(frozen=True)
+class HostHandshake(KVConnectorHandshakeMetadata):
+    """Worker → scheduler once, after the KV caches are registered and before any request.
+
+    Carries the stack's own handshake metadata, and the worker metadata the stack
+    had to report since registration — e.g. a store's memory layout, without which
+    a scheduler side that never sees a tensor cannot offer the blocks its worker can
+    load. vLLM collects it from every worker before serving (its handshake).
+    """
+
+    inner: object
+    worker_meta: WorkerMetadata | None
 
 
 @dataclass
