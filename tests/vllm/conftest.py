@@ -52,7 +52,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     terminalreporter.section("vLLM wall times (fixtures shared by a module count once, in its first test)")
     for nodeid, seconds in WALL_TIMES.items():
-        terminalreporter.write_line(f"{seconds:7.1f} s  {nodeid}")
+        terminalreporter.write_line(f"wall {seconds:7.1f} s  {nodeid}")
 
 
 @pytest.fixture(scope="session")
