@@ -70,8 +70,7 @@ def host_entry(config: Mapping[str, Any]) -> HostEntry | None:
             f'"{HOST_MODULE}" hosts a stack as {" or ".join(HOSTS)}, not {name!r}',
             connector=str(name), method="kv_connector", value=name,
         )
-    host = cast("str", name)
-    return HostEntry(host, stack_config(config.get("kv_connector_extra_config"), host=host))
+    return HostEntry(name, stack_config(config.get("kv_connector_extra_config"), host=name))
 
 
 def stack_config(extra: object, *, host: str) -> Mapping[str, Any]:

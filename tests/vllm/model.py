@@ -21,8 +21,11 @@ LAYERS = 4
 WINDOW = 64
 
 
-def write_model(root: Path, *, seed: int = 1234) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` under ``root``; returns ``root``."""
+def write_model(root: Path, *, seed: int = 1234, hybrid: bool = True) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` under ``root``; returns ``root``.
+
+    ``hybrid=False`` makes every layer full attention (one KV-cache group).
+    """
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -42,7 +45,7 @@ def write_model(root: Path, *, seed: int = 1234) -> Path:
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
-        "layer_types": ["full_attention" if i % 2 == 0 else "sliding_attention" for i in range(LAYERS)],
+        "layer_types": ["full_attention" if i % 2 == 0 or not hybrid else "sliding_attention" for i in range(LAYERS)],
         "sliding_window": WINDOW,
         "bos_token_id": 1,
         "eos_token_id": 2,

@@ -26,9 +26,9 @@ vLLM turns HMA off (one group) and any stack serves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from vllm.config import VllmConfig
@@ -40,9 +40,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import Request
 
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
 from capkv.capabilities._serving import check_stack, finish_request
@@ -56,19 +58,14 @@ from capkv.adapters.vllm._translate import (
     LoadingBlocks,
     flat_load_errors,
     merge_counts,
+    stats_data,
     to_capkv_output,
 )
 from capkv.contracts._connector import KVConnector
-from capkv.contracts._engine import BlockIds, KVTransferParams
+from capkv.contracts._engine import AttentionMetadata, BlockIds, ForwardContext, KVTransferParams
 from capkv.contracts._spec import KVSpec
 from capkv.devmode._instrument import instrument
 from capkv.errors import ConflictError, MetadataError
-
-if TYPE_CHECKING:
-    from vllm.forward_context import ForwardContext
-    from vllm.v1.attention.backend import AttentionMetadata
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-    from vllm.v1.request import Request
 
 __all__ = ["CapkvConnector", "CapkvHMAConnector"]
 
@@ -87,7 +84,9 @@ class CapkvConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         host = self.HOST
-        configured = load_hosted(stack_config(self._kv_transfer_config.kv_connector_extra_config, host=host))
+        transfer = vllm_config.kv_transfer_config
+        extra = None if transfer is None else transfer.kv_connector_extra_config
+        configured = load_hosted(stack_config(extra, host=host))
         require_host_capability(host, configured)  # from the classes, before anything is built
         self.spec = engine_spec(kv_cache_config, owner=host)
         built = build_hosted(configured, Engine(vllm_config, role, kv_cache_config, self.spec))
@@ -104,7 +103,7 @@ class CapkvConnector(KVConnectorBase_V1):
             )
         self.stack = instrument(cast("KVConnector", built), self.spec)
         self._loading = LoadingBlocks(host)
-        self._totals: dict[Any, Any] = {}
+        self._totals: dict[str, Any] = {}
 
     # ---- class level: vLLM asks before building -------------------------------------
 
@@ -217,11 +216,11 @@ class CapkvConnector(KVConnectorBase_V1):
         stats: object = self.stack.get_kv_connector_stats()
         if stats is None:
             return None
-        data: dict[Any, Any] = dict(cast("Mapping[Any, Any]", stats)) if isinstance(stats, Mapping) else {"stack": stats}
+        data = stats_data(stats)
         self._totals = merge_counts(self._totals, data)
         return CapkvStats(data)
 
-    def stats_since_start(self) -> dict[Any, Any]:
+    def stats_since_start(self) -> dict[str, Any]:
         """Every counter this side has seen since it was built: its own stack's, and on the
         scheduler side the workers' reports too (what vLLM's stat loggers get, summed)."""
         return dict(self._totals)

@@ -11,10 +11,16 @@ tensor against it before the stack sees one.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
-from vllm.v1.kv_cache_interface import KVCacheConfig, compute_layer_kv_cache_shape_bytes
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    SlidingWindowSpec,
+    compute_layer_kv_cache_shape_bytes,
+)
 
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
@@ -36,7 +42,30 @@ def engine_spec(kv_cache_config: KVCacheConfig, *, owner: str) -> KVSpec:
             )
         return (blocks, heads, states, content // dtype.itemsize)
 
-    return KVSpec.from_kv_cache_config(kv_cache_config, kv_shape=shape, block_dim=0)
+    spec = KVSpec.from_kv_cache_config(kv_cache_config, kv_shape=shape, block_dim=0)
+    windows = tuple(_window(group.kv_cache_spec, index, owner) for index, group in enumerate(kv_cache_config.kv_cache_groups))
+    return dataclasses.replace(
+        spec, groups=tuple(dataclasses.replace(g, sliding_window=w) for g, w in zip(spec.groups, windows, strict=True))
+    )
+
+
+def _window(kv_cache_spec: object, group: int, owner: str) -> int | None:
+    """The window capkv must assume for a group: what vLLM's block manager keeps, not what the layers compute.
+
+    With the hybrid allocator off, vLLM serves sliding-window layers from a
+    full-attention group (a ``FullAttentionSpec`` that still carries the
+    window): every block is kept, and full-attention layers in the same group
+    read them all, so capkv treats the group as full attention.
+    """
+    if isinstance(kv_cache_spec, SlidingWindowSpec):
+        return kv_cache_spec.sliding_window
+    if isinstance(kv_cache_spec, FullAttentionSpec):
+        return None
+    raise ConfigError(
+        f"{owner}: KV-cache group {group} is a {type(kv_cache_spec).__name__}; capkv's stacks serve "
+        "full-attention and sliding-window groups",
+        connector=owner, method="__init__", group=group, value=type(kv_cache_spec).__name__,
+    )
 
 
 def registered_caches(spec: KVSpec, kv_caches: dict[str, torch.Tensor], *, owner: str) -> dict[str, torch.Tensor]:

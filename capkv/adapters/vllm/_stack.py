@@ -16,6 +16,7 @@ means vLLM's. Each leaf is built the way its kind expects:
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 import typing
 from collections.abc import Callable, Mapping
@@ -106,10 +107,9 @@ def _build_leaf(leaf: ConfiguredConnector, engine: Engine) -> Any:
 
 
 def _wrap_vllm(leaf: ConfiguredConnector, engine: Engine) -> Any:
-    from capkv.adapters.vllm._child import wrap_vllm_connector
-
+    wrap: Callable[[object], Any] = importlib.import_module("capkv.adapters.vllm._child").wrap
     built = leaf.cls(child_vllm_config(engine.vllm_config, leaf), engine.role, engine.kv_cache_config)
-    return wrap_vllm_connector(built)
+    return wrap(built)
 
 
 def _guarded(leaf: ConfiguredConnector, make: Callable[[], Any]) -> Any:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Any, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -35,6 +34,7 @@ __all__ = [
     "LoadingBlocks",
     "flat_load_errors",
     "merge_counts",
+    "stats_data",
     "to_capkv_output",
 ]
 
@@ -74,37 +74,48 @@ class CapkvStats(KVConnectorStats):
         return CapkvStats(merge_counts(self.data, other.data))
 
     def reduce(self) -> dict[str, int | float]:
-        """Every numeric counter, its path joined with dots (children as ``#1``, ``#2``)."""
+        """Every numeric counter, its path joined with dots (e.g. ``#2.loaded_blocks``)."""
         return dict(_flatten(self.data, ""))
 
     def is_empty(self) -> bool:
         return not self.data
 
 
-def merge_counts(old: Mapping[Any, Any], new: Mapping[Any, Any]) -> dict[Any, Any]:
+def stats_data(stats: object) -> dict[str, Any]:
+    """A stack's statistics as vLLM's ``KVConnectorStats.data``: string keys, a composite's children as ``#1``, ``#2``."""
+    if not isinstance(stats, Mapping):
+        return {"stack": stats}
+    data: dict[str, Any] = {}
+    for key, value in cast("Mapping[object, Any]", stats).items():
+        name = f"#{key + 1}" if isinstance(key, int) and not isinstance(key, bool) else str(key)
+        data[name] = stats_data(cast("Mapping[object, Any]", value)) if isinstance(value, Mapping) else value
+    return data
+
+
+def merge_counts(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """``old`` and ``new`` merged: numbers summed, mappings merged recursively, anything else replaced."""
     merged = dict(old)
-    for key, value in new.items():
+    for key, new_value in new.items():
         mine: object = merged.get(key)
-        if isinstance(mine, Mapping) and isinstance(value, Mapping):
-            merged[key] = merge_counts(cast("Mapping[Any, Any]", mine), cast("Mapping[Any, Any]", value))
-        elif _is_number(mine) and _is_number(value):
-            merged[key] = cast("float", mine) + cast("float", value)
+        theirs: object = new_value
+        if _is_number(mine) and _is_number(theirs):
+            merged[key] = cast("float", mine) + cast("float", theirs)
+        elif isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            merged[key] = merge_counts(cast("Mapping[str, Any]", mine), cast("Mapping[str, Any]", theirs))
         else:
-            merged[key] = value
+            merged[key] = theirs
     return merged
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _flatten(data: Mapping[Any, Any], prefix: str) -> Iterable[tuple[str, int | float]]:
+def _flatten(data: Mapping[str, Any], prefix: str) -> Iterable[tuple[str, int | float]]:
     for key, value in data.items():
-        name = f"#{key + 1}" if isinstance(key, int) and not isinstance(key, bool) else str(key)
-        path = f"{prefix}.{name}" if prefix else name
+        path = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, Mapping):
-            yield from _flatten(cast("Mapping[Any, Any]", value), path)
+            yield from _flatten(cast("Mapping[str, Any]", value), path)
         elif _is_number(value):
             yield path, cast("int | float", value)
 
