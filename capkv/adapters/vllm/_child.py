@@ -167,6 +167,9 @@ class VllmChild(Generic[_V]):
             self._inner.update_connector_output(_to_vllm_output(connector_output))
             return
         saved = carried.kv_connector_worker_meta
+        if saved is worker_meta:
+            self._inner.update_connector_output(carried)
+            return
         carried.kv_connector_worker_meta = cast("Any", worker_meta)
         try:
             self._inner.update_connector_output(carried)
