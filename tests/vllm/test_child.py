@@ -360,3 +360,12 @@ def test_vllm_connectors_are_named_as_vllm_names_them() -> None:
         {"kv_connector": "OffloadingConnector"}, {"kv_connector": "ExampleConnector"},
     ]}}, registry=registry)
     assert [(c.position, c.name) for c in capkv.non_hma_children(node)] == [("#2", "ExampleConnector")]
+
+
+def test_the_wrapped_vllm_connectors_of_a_stack_are_found_for_vllm_only_calls() -> None:
+    a, b = build(HMARecorder), build(HMARecorder)
+    stack = capkv.MultiConnector(wrap(a), capkv.MultiConnector(wrap(b)))
+    from capkv.adapters.vllm._child import vllm_connectors
+
+    assert vllm_connectors(stack) == [a, b]
+    assert vllm_connectors(capkv.instrument(stack, capkv.KVSpec(num_groups=2, num_blocks=64, null_block_id=0))) == [a, b]

@@ -38,6 +38,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
 from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, VllmOutputCarrier
+from capkv.capabilities._hma import StackNode
 from capkv.contracts._engine import (
     AttentionMetadata,
     BlockIds,
@@ -53,7 +54,7 @@ from capkv.contracts._engine import (
 )
 from capkv.errors import CapabilityError, ConfigError, ContractError
 
-__all__ = ["ChildMetadata", "HMAVllmChild", "VllmChild", "is_hma_vllm_connector", "wrap"]
+__all__ = ["ChildMetadata", "HMAVllmChild", "VllmChild", "is_hma_vllm_connector", "vllm_connectors", "wrap"]
 
 _V = TypeVar("_V", bound=KVConnectorBase_V1 | SupportsHMA, covariant=True)
 _HV = TypeVar("_HV", bound=SupportsHMA, covariant=True)
@@ -311,6 +312,21 @@ class HMAVllmChild(VllmChild[_HV]):
         self, request: Request, block_ids: BlockIds, /
     ) -> tuple[bool, KVTransferParams | None]:
         return cast("SupportsHMA", self._inner).request_finished_all_groups(cast("Any", request), block_ids)
+
+
+def vllm_connectors(node: object) -> list[KVConnectorBase_V1]:
+    """The vLLM connectors wrapped anywhere in a capkv stack, in stack order.
+
+    A host forwards to them the vLLM calls capkv's contract has no member for
+    (``bind_kv_cache_manager``, ``on_new_request``, ``reset_cache``, ...): the
+    wrapper passes the contract's members, these go to the connectors themselves.
+    """
+    if isinstance(node, StackNode):
+        return [found for child in node.children for found in vllm_connectors(child)]
+    if getattr(node.__class__, "__capkv_wrapper__", False) is True:
+        wrapped: object = getattr(node, "wrapped")
+        return [wrapped] if isinstance(wrapped, KVConnectorBase_V1) else vllm_connectors(wrapped)
+    return []
 
 
 def _check_connector(cls: type[Any], connector: object) -> None:
