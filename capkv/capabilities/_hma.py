@@ -69,7 +69,7 @@ def describe(node: object) -> str:
         return node.node_name
     if isinstance(node, type):
         return node.__name__
-    if getattr(type(node), WRAPPER_MARK, False) is True:
+    if getattr(node.__class__, WRAPPER_MARK, False) is True:  # __class__: also through dev mode's proxies
         return describe(getattr(node, "wrapped"))
     return type(node).__name__
 

@@ -3,18 +3,16 @@
 The stack checked is the hosted one, under ``kv_connector_extra_config.stack``;
 the check then says which host classes that stack allows, and refuses
 ``CapkvHMAConnector`` over a stack that is not HMA-capable — the very refusal
-the host makes when vLLM constructs it. vLLM is imported only when the hosted
-stack names one of vLLM's own connectors, which only vLLM's registry resolves.
+the host makes when vLLM constructs it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from capkv.config._hosts import HOST_MODULE, HostEntry, allowed_hosts, host_entry, require_host_capability
 from capkv.config._loader import ConfiguredNode, load_stack, read_config_file
-from capkv.errors import CapkvError, ConfigError
+from capkv.errors import CapkvError
 
 __all__ = ["host_lines", "host_problems", "load_hosted_file"]
 
@@ -23,16 +21,7 @@ def load_hosted_file(path: str | Path) -> tuple[HostEntry | None, ConfiguredNode
     """The file's stack — the hosted one when the file names a capkv host — and the host entry, if any."""
     data = read_config_file(path)
     entry = host_entry(data)
-    if entry is None:
-        return None, load_stack(data)
-    try:
-        return entry, load_stack(entry.stack)
-    except ConfigError:
-        if importlib.util.find_spec("vllm") is None:
-            raise
-    from capkv.adapters.vllm._stack import load_hosted  # a name only vLLM's registry may know
-
-    return entry, load_hosted(entry.stack)
+    return entry, load_stack(data if entry is None else entry.stack)
 
 
 def host_problems(entry: HostEntry | None, configured: ConfiguredNode) -> list[str]:

@@ -343,3 +343,29 @@ def test_capkv_check_reports_vllm_connectors_with_their_hma_verdicts(capsys: pyt
         assert 'sub-connector #2 "ExampleConnector" does not implement SupportsHMA' in out
         assert "HMARecorder" in out
         assert main(["check", str(path), "--groups", "1", "--classes-only"]) == 0
+
+
+def test_vllm_connectors_are_named_as_vllm_names_them() -> None:
+    from capkv.config import ConnectorRegistry
+
+    registry = ConnectorRegistry(entry_point_group=None)
+    assert registry.resolve("ExampleConnector") is ExampleConnector
+    assert registry.resolve("MultiConnector") is capkv.MultiConnector  # capkv's own names win
+    node = load_stack({"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
+        {"kv_connector": "OffloadingConnector"}, {"kv_connector": "SimpleCPUOffloadConnector"},
+        {"kv_connector": "FileStoreConnector"},
+    ]}}, registry=registry)
+    assert capkv.supports_hma(node) and capkv.non_hma_children(node) == []
+    node = load_stack({"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
+        {"kv_connector": "OffloadingConnector"}, {"kv_connector": "ExampleConnector"},
+    ]}}, registry=registry)
+    assert [(c.position, c.name) for c in capkv.non_hma_children(node)] == [("#2", "ExampleConnector")]
+
+
+def test_the_wrapped_vllm_connectors_of_a_stack_are_found_for_vllm_only_calls() -> None:
+    a, b = build(HMARecorder), build(HMARecorder)
+    stack = capkv.MultiConnector(wrap(a), capkv.MultiConnector(wrap(b)))
+    from capkv.adapters.vllm._child import vllm_connectors
+
+    assert vllm_connectors(stack) == [a, b]
+    assert vllm_connectors(capkv.instrument(stack, capkv.KVSpec(num_groups=2, num_blocks=64, null_block_id=0))) == [a, b]

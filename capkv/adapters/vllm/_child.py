@@ -38,6 +38,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
 from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, VllmOutputCarrier
+from capkv.capabilities._hma import StackNode
 from capkv.contracts._engine import (
     AttentionMetadata,
     BlockIds,
@@ -53,7 +54,7 @@ from capkv.contracts._engine import (
 )
 from capkv.errors import CapabilityError, ConfigError, ContractError
 
-__all__ = ["ChildMetadata", "HMAVllmChild", "VllmChild", "is_hma_vllm_connector", "wrap"]
+__all__ = ["ChildMetadata", "HMAVllmChild", "VllmChild", "is_hma_vllm_connector", "vllm_connectors", "wrap"]
 
 _V = TypeVar("_V", bound=KVConnectorBase_V1 | SupportsHMA, covariant=True)
 _HV = TypeVar("_HV", bound=SupportsHMA, covariant=True)
@@ -61,6 +62,13 @@ _H = TypeVar("_H", bound=SupportsHMA)
 _C = TypeVar("_C", bound=KVConnectorBase_V1)
 
 _LAYOUT: Final = "get_required_kvcache_layout"
+_DIRECT: Final = (
+    "get_num_new_matched_tokens", "request_finished", "take_events", "get_finished_count",
+    "register_kv_caches", "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+    "build_connector_worker_meta", "clear_connector_metadata", "get_handshake_metadata",
+    "get_mem_pool_context", "get_kv_connector_stats", "shutdown",
+)
+"""Members vLLM's connectors take exactly as capkv's contract calls them."""
 _PIECEWISE: Final = "requires_piecewise_for_cudagraph"
 
 
@@ -89,11 +97,6 @@ def is_hma_vllm_connector(connector: object) -> bool:
 class VllmChild(Generic[_V]):
     """A vLLM connector as a capkv :class:`~capkv.KVConnector` (not HMA-capable)."""
 
-    __slots__ = (
-        "_inner", "_cls", "_name", "_vllm_config", "_null_block_id", "_planned_loads", "_group_of",
-        "_matched", "_allocated", "_finished", "_results", "_uses_get_finished",
-    )
-
     __capkv_wrapper__: Final = True
     """capkv names a wrapper by what it wraps (diagnostics, ``capkv check``, the mypy plugin)."""
 
@@ -117,12 +120,14 @@ class VllmChild(Generic[_V]):
         self._group_of: dict[int, int] = {}
         # Hot calls, bound once; ``Any``: capkv's request protocol stands for vLLM's Request here.
         calls: Any = connector
-        self._matched: Callable[[Any, int], tuple[int | None, bool]] = calls.get_num_new_matched_tokens
         self._allocated: Callable[[Any, KVCacheBlocks, int], None] = calls.update_state_after_alloc
-        self._finished: Callable[[Any, list[int]], tuple[bool, KVTransferParams | None]] = calls.request_finished
         self._results: Callable[[set[str]], Any] = calls.get_transfer_results
         # vLLM's base get_transfer_results only repackages get_finished: ask get_finished then.
         self._uses_get_finished = self._cls.get_transfer_results is KVConnectorBase_V1.get_transfer_results
+        # Members whose vLLM call is capkv's call are the connector's own bound methods on the
+        # instance (shadowing this class's forwarding ones): no extra call frame per call.
+        direct = _DIRECT + (("get_finished",) if self._uses_get_finished else ())
+        vars(self).update({name: getattr(calls, name) for name in direct})
 
     @property
     def wrapped(self) -> _V:
@@ -135,7 +140,7 @@ class VllmChild(Generic[_V]):
     # ---- scheduler side ----------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int, /) -> tuple[int | None, bool]:
-        return self._matched(request, num_computed_tokens)
+        return self._inner.get_num_new_matched_tokens(cast("Any", request), num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks: BlockIds, num_external_tokens: int, /) -> None:
         """vLLM's ``KVCacheBlocks``: the engine's own when the host carried them, else built from the ids."""
@@ -163,6 +168,9 @@ class VllmChild(Generic[_V]):
             self._inner.update_connector_output(_to_vllm_output(connector_output))
             return
         saved = carried.kv_connector_worker_meta
+        if saved is worker_meta:
+            self._inner.update_connector_output(carried)
+            return
         carried.kv_connector_worker_meta = cast("Any", worker_meta)
         try:
             self._inner.update_connector_output(carried)
@@ -170,7 +178,7 @@ class VllmChild(Generic[_V]):
             carried.kv_connector_worker_meta = saved
 
     def request_finished(self, request: Request, block_ids: list[int], /) -> tuple[bool, KVTransferParams | None]:
-        return self._finished(request, block_ids)
+        return self._inner.request_finished(cast("Any", request), block_ids)
 
     def take_events(self) -> Iterable[object]:
         return self._inner.take_events()
@@ -293,21 +301,32 @@ class VllmChild(Generic[_V]):
 class HMAVllmChild(VllmChild[_HV]):
     """A vLLM ``SupportsHMA`` connector as a capkv :class:`~capkv.HMAConnector`."""
 
-    __slots__ = ("_finished_all",)
-
     def __init__(  # pyright: ignore[reportInconsistentConstructor]  # as in VllmChild
         self, connector: _HV, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
     ) -> None:
         super().__init__(connector, vllm_config=vllm_config, null_block_id=null_block_id)
         calls: Any = connector
-        self._finished_all: Callable[[Any, BlockIds], tuple[bool, KVTransferParams | None]] = (
-            calls.request_finished_all_groups
-        )
+        vars(self)["request_finished_all_groups"] = calls.request_finished_all_groups  # direct, as in VllmChild
 
     def request_finished_all_groups(
         self, request: Request, block_ids: BlockIds, /
     ) -> tuple[bool, KVTransferParams | None]:
-        return self._finished_all(request, block_ids)
+        return cast("SupportsHMA", self._inner).request_finished_all_groups(cast("Any", request), block_ids)
+
+
+def vllm_connectors(node: object) -> list[KVConnectorBase_V1]:
+    """The vLLM connectors wrapped anywhere in a capkv stack, in stack order.
+
+    A host forwards to them the vLLM calls capkv's contract has no member for
+    (``bind_kv_cache_manager``, ``on_new_request``, ``reset_cache``, ...): the
+    wrapper passes the contract's members, these go to the connectors themselves.
+    """
+    if isinstance(node, StackNode):
+        return [found for child in node.children for found in vllm_connectors(child)]
+    if getattr(node.__class__, "__capkv_wrapper__", False) is True:
+        wrapped: object = getattr(node, "wrapped")
+        return [wrapped] if isinstance(wrapped, KVConnectorBase_V1) else vllm_connectors(wrapped)
+    return []
 
 
 def _check_connector(cls: type[Any], connector: object) -> None:

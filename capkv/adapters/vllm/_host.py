@@ -50,6 +50,7 @@ from vllm.v1.request import Request
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
 from capkv.capabilities._serving import check_stack, finish_request
 from capkv.config._hosts import HMA_HOST, PLAIN_HOST, require_host_capability, stack_config
+from capkv.adapters.vllm._child import vllm_connectors
 from capkv.adapters.vllm._spec import engine_spec, registered_caches
 from capkv.adapters.vllm._stack import Engine, build_hosted, configured_fact, load_hosted
 from capkv.adapters.vllm._translate import (
@@ -105,6 +106,8 @@ class CapkvConnector(KVConnectorBase_V1):
                 connector=host, method="get_required_kvcache_layout", value=needed,
             )
         self.stack = instrument(cast("KVConnector", built), self.spec)
+        self._vllm_children = vllm_connectors(built)
+        """vLLM's connectors in the stack: the calls capkv's contract has no member for go to them."""
         self._loading = LoadingBlocks(host)
         self._totals: dict[str, Any] = {}
 
@@ -252,6 +255,36 @@ class CapkvConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         self.stack.shutdown()
+
+    # ---- vLLM-only calls: to vLLM's own connectors in the stack --------------------------
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        for child in self._vllm_children:
+            child.bind_kv_cache_manager(kv_cache_manager)
+
+    def on_new_request(self, request: Request) -> None:
+        for child in self._vllm_children:
+            child.on_new_request(request)
+
+    def has_pending_block_frees(self) -> bool:
+        return any(child.has_pending_block_frees() for child in self._vllm_children)
+
+    def has_pending_push_work(self) -> bool:
+        return any(child.has_pending_push_work() for child in self._vllm_children)
+
+    def reset_cache(self) -> bool | None:
+        """Forwarded to vLLM's connectors; ``False`` when one could not reset (capkv's stores keep theirs)."""
+        answers = [child.reset_cache() for child in self._vllm_children]
+        return False if False in answers else None
+
+    def finish_forward(self) -> None:
+        for child in self._vllm_children:
+            child.finish_forward()
+
+    def reset_capture_state(self) -> None:
+        for child in self._vllm_children:
+            child.reset_capture_state()
 
     # ---- helpers -----------------------------------------------------------------------
 

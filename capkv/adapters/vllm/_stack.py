@@ -1,9 +1,9 @@
 """The hosted stack: read from the host's extra config, built for one role, and its class-level facts.
 
 A stack names connectors as ``capkv check`` reads them (capkv's registry, entry
-points, ``module:Class`` paths); inside vLLM a name capkv does not know is also
-looked up in vLLM's own connector registry, so ``{"kv_connector": "ExampleConnector"}``
-means vLLM's. Each leaf is built the way its kind expects:
+points, ``module:Class`` paths, and vLLM's own connector names, so
+``{"kv_connector": "ExampleConnector"}`` means vLLM's). Each leaf is built the way
+its kind expects:
 
 - a vLLM connector class: ``cls(vllm_config, role, kv_cache_config)``, with a copy of
   the engine's config whose ``kv_transfer_config`` is the child's own entry (as
@@ -24,7 +24,6 @@ from typing import Any
 
 from vllm.config import VllmConfig
 from vllm.config.kv_transfer import KVTransferConfig
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
@@ -33,7 +32,6 @@ from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE, StaticF
 from capkv.composite._agreement import child_label, combine
 from capkv.config._build import build_connector, build_stack
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack, load_stack
-from capkv.config._registry import ConnectorRegistry, default_registry
 from capkv.contracts._spec import KVSpec
 from capkv.errors import CapkvError, ConfigError
 
@@ -50,28 +48,9 @@ class Engine:
     spec: KVSpec
 
 
-class _HostRegistry(ConnectorRegistry):
-    """capkv's registry first (the user's registrations included), then vLLM's connector names."""
-
-    def resolve(self, name: str, *, module_path: str | None = None) -> type[Any]:
-        try:
-            return default_registry.resolve(name, module_path=module_path)
-        except ConfigError:
-            if module_path is not None or ":" in name:
-                raise
-            try:
-                return KVConnectorFactory.get_connector_class_by_name(name)
-            except ValueError:
-                raise ConfigError(
-                    f'unknown connector "{name}" (neither capkv nor vLLM registers it; capkv: '
-                    f'{", ".join(default_registry.names())}; or give a "module:Class" path)',
-                    connector=name, method="resolve", value=name,
-                ) from None
-
-
 def load_hosted(stack: Mapping[str, Any]) -> ConfiguredNode:
     """The hosted stack's classes (nothing is built)."""
-    return load_stack(stack, registry=_HostRegistry())
+    return load_stack(stack)
 
 
 def is_vllm_connector(cls: type[Any]) -> bool:
