@@ -40,8 +40,12 @@ BUILTIN_CONNECTORS: Mapping[str, str] = {
     "CPUOffloadConnector": "capkv.connectors._cpu_offload:CPUOffloadConnector",
     "FileStoreConnector": "capkv.connectors._file_store:FileStoreConnector",
     "SingleGroupOffloadConnector": "capkv.connectors._single_group:SingleGroupOffloadConnector",
+    "cpu": "capkv.connectors._cpu_offload:CPUOffloadConnector",
+    "file": "capkv.connectors._file_store:FileStoreConnector",
+    "single": "capkv.connectors._single_group:SingleGroupOffloadConnector",
 }
-"""capkv's own connectors, by the names vLLM configurations use (one line per connector)."""
+"""capkv's own connectors, by the names vLLM configurations use (one line per connector),
+and the short names ``capkv demo --stack`` has always used (``cpu,file``)."""
 
 ENGINE_NAMESPACES: tuple[str, ...] = ("capkv.adapters.vllm._names:resolve_vllm_name",)
 """Engines' connector names, asked in order for a name capkv does not know: each a ``"module:function"``

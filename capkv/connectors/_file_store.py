@@ -33,9 +33,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
+from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._block_file import (
     PackRecord,
@@ -50,6 +52,7 @@ from capkv.connectors._keys import BlockKey
 from capkv.connectors._metadata import BlockMove
 from capkv.connectors._pack_catalog import PackCatalog
 from capkv.connectors._worker import Landing, StoreWorker
+from capkv.contracts._arguments import argument_error, require_callable, require_instance, require_str
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
@@ -359,6 +362,13 @@ class FileStoreConnector(PrefixStoreConnector):
     waits for every write and raises the failures not raised yet.
     """
 
+    extra_config_options: ClassVar[ConnectorOptions] = ConnectorOptions(
+        takes_spec=True,
+        root=Option(str, required=True, help="the store's directory"),
+        namespace=Option(str, help="separates models that share layer names and shapes"),
+    )
+    """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
+
     def __init__(
         self,
         spec: KVSpec,
@@ -370,6 +380,12 @@ class FileStoreConnector(PrefixStoreConnector):
     ) -> None:
         name = type(self).__name__
         require_store_spec(spec, name)
+        require_instance(root, (str, os.PathLike), name, "root", "a directory path (str or os.PathLike)",
+                         connector=name, method="__init__")
+        if not os.fspath(root):
+            raise argument_error(name, "root", root, "a non-empty directory path", connector=name, method="__init__")
+        require_str(namespace, name, "namespace", connector=name, method="__init__")
+        require_callable(write, name, "write", connector=name)
         if type(capacity_bytes) is not int or capacity_bytes < 1:
             raise ConfigError(
                 f"{name}: capacity_bytes must be a positive int, got {capacity_bytes!r}",

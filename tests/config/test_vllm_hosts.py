@@ -29,8 +29,11 @@ def multi(*children: dict[str, Any]) -> dict[str, Any]:
     return {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": list(children)}}
 
 
-HMA_STACK = multi({"kv_connector": "CPUOffloadConnector"}, {"kv_connector": "FileStoreConnector"})
-MIXED_STACK = multi({"kv_connector": "CPUOffloadConnector"}, {"kv_connector": "SingleGroupOffloadConnector"})
+CPU = {"kv_connector": "CPUOffloadConnector", "kv_connector_extra_config": {"capacity_blocks": 64}}
+FILES = {"kv_connector": "FileStoreConnector", "kv_connector_extra_config": {"root": "/var/cache/capkv"}}
+SINGLE = {"kv_connector": "SingleGroupOffloadConnector", "kv_connector_extra_config": {"capacity_blocks": 64}}
+HMA_STACK = multi(CPU, FILES)
+MIXED_STACK = multi(CPU, SINGLE)
 
 
 def hosted(host: str, stack: dict[str, Any]) -> dict[str, Any]:
