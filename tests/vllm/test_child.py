@@ -328,7 +328,7 @@ def test_capkv_check_reports_vllm_connectors_with_their_hma_verdicts(capsys: pyt
     from capkv.cli._main import main
 
     stack = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
-        {"kv_connector": "CPUOffloadConnector"},
+        {"kv_connector": "CPUOffloadConnector", "kv_connector_extra_config": {"capacity_blocks": 64}},
         {"kv_connector": "ExampleConnector", "kv_connector_module_path": EXAMPLE},
         {"kv_connector": f"{MODULE}:HMARecorder"},
     ]}}
