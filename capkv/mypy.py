@@ -51,7 +51,7 @@ from mypy.types import (
     get_proper_type,
 )
 
-from capkv.capabilities._hma import HMA_METHOD, NonHMAChild, explain_not_hma
+from capkv.capabilities._hma import HMA_METHOD, WRAPPER_MARK, NonHMAChild, explain_not_hma
 
 __all__ = ["CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"]
 
@@ -353,6 +353,8 @@ def _has_unpack(types: Sequence[Type]) -> bool:
 
 def _name(typ: ProperType) -> str:
     if isinstance(typ, Instance):
+        if typ.args and typ.type.get(WRAPPER_MARK) is not None:  # an adapter: name what it wraps
+            return _name(get_proper_type(typ.args[0]))
         return typ.type.name
     if isinstance(typ, TypeVarType):
         return typ.name
