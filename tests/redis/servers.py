@@ -170,5 +170,9 @@ def missing_reason() -> str | None:
 
 MISSING = missing_reason()
 
+if MISSING is not None and (os.environ.get("CI") == "true" or os.environ.get("CAPKV_REQUIRE_REDIS") == "1"):
+    # CI installs redis-server and the client (.ci/run, tox extras): there a missing one is a failure, not a skip.
+    raise RuntimeError(f"the Redis tests must run here, but {MISSING}")
+
 needs_redis = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 """Marks a test that starts real servers: skipped, with the reason, when redis-server or the client is missing."""
