@@ -18,7 +18,7 @@ from mypy.nodes import SymbolTableNode, TypeInfo
 from mypy.subtypes import is_subtype
 from mypy.types import AnyType, Instance, ProperType, Type, TypeOfAny, TypeVarType, UnpackType, get_proper_type
 
-from capkv.capabilities._hma import NonHMAChild
+from capkv.capabilities._hma import WRAPPER_MARK, NonHMAChild
 
 __all__ = ["CONNECTOR", "HMA_STACK", "STACK", "StackRule", "has_unpack", "is_plain_stack", "type_name"]
 
@@ -147,6 +147,8 @@ def has_unpack(types: Sequence[Type]) -> bool:
 def type_name(typ: ProperType) -> str:
     """How a child's type is named in an explanation: its class, else mypy's spelling."""
     if isinstance(typ, Instance):
+        if typ.args and typ.type.get(WRAPPER_MARK) is not None:  # an adapter: name what it wraps
+            return type_name(get_proper_type(typ.args[0]))
         return typ.type.name
     if isinstance(typ, TypeVarType):
         return typ.name

@@ -5,6 +5,7 @@ done here, at the top of the root conftest. Under ``python -O`` dev mode is
 forced off, and the suite then checks production behaviour instead.
 """
 
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +35,7 @@ def _shut_down_file_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     created: list[FileStoreConnector] = []
     original = FileStoreConnector.__init__
 
+    @functools.wraps(original)  # keeps the signature: hosts build stores by it
     def recording_init(self: FileStoreConnector, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         created.append(self)

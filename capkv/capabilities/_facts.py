@@ -61,10 +61,25 @@ def class_fact(cls: type[Any], fact: StaticFact) -> object:
     The member is found as attribute lookup finds it (through the MRO, without
     invoking descriptors), so a subclass's instance-method override hides a
     base's class-level default, and a class-level override hides an instance
-    method. Errors raised by the member propagate.
+    method. A class-level member that needs arguments (vLLM's take the engine's
+    config) cannot answer from the class alone: :data:`NEEDS_INSTANCE` too.
+    Errors raised by the member propagate.
     """
     member = inspect.getattr_static(cls, fact, None)
     if isinstance(member, classmethod | staticmethod):
-        answer: object = getattr(cls, fact)()
+        bound = getattr(cls, fact)
+        if _needs_arguments(bound):
+            return NEEDS_INSTANCE
+        answer: object = bound()
         return answer
     return NEEDS_INSTANCE
+
+
+def _needs_arguments(member: Any) -> bool:
+    try:
+        parameters = inspect.signature(member).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: call it as the contract says
+        return False
+    return any(
+        p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters
+    )

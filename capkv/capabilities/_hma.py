@@ -21,6 +21,7 @@ __all__ = [
     "HMA_METHOD",
     "HMA_RULE",
     "NonHMAChild",
+    "WRAPPER_MARK",
     "StackNode",
     "class_finishes_all_groups",
     "explain_not_hma",
@@ -80,12 +81,19 @@ def class_finishes_all_groups(cls: type[object]) -> bool:
     return bool(getattr(cls, "hma_by_children", False)) or callable(getattr(cls, HMA_METHOD, None))
 
 
+WRAPPER_MARK = "__capkv_wrapper__"
+"""A class attribute set true by adapters that wrap another engine's connector (``wrapped``):
+diagnostics name the wrapped connector, at run time and in the ``capkv.mypy`` plugin."""
+
+
 def describe(node: object) -> str:
-    """A node's name in diagnostics: its class name (or its own name, for a class)."""
+    """A node's name in diagnostics: its class name (or its own name, for a class); a wrapper's, what it wraps."""
     if isinstance(node, StackNode):
         return node.node_name
     if isinstance(node, type):
         return node.__name__
+    if getattr(node.__class__, WRAPPER_MARK, False) is True:  # __class__: also through dev mode's proxies
+        return describe(getattr(node, "wrapped"))
     return type(node).__name__
 
 

@@ -45,9 +45,10 @@ import sys
 
 from capkv.capabilities._hma import supports_hma
 from capkv.capabilities._serving import require_hma
+from capkv.cli._host_check import host_lines, host_problems, load_hosted_file
 from capkv.cli._stack_tree import Findings, Inspected, inspect_stack, tree_lines, walk
 from capkv.config._build import call_user_code
-from capkv.config._loader import ConfiguredNode, ConfiguredStack, load_stack_file
+from capkv.config._loader import ConfiguredNode, ConfiguredStack
 from capkv.errors import CapkvError, ConfigError
 
 __all__ = ["add_arguments", "run"]
@@ -79,14 +80,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         for module in args.imports:
             import_user_module(module)
-        configured = load_stack_file(args.config)
+        hosted, configured = load_hosted_file(args.config)
     except ConfigError as exc:
         _error(str(exc))
         return 2
     findings = Findings()
-    findings.problems += _capability_problems(configured, args.groups or 1)  # from classes: nothing built yet
+    # from classes: nothing built yet; a capkv host's refusal says it all
+    findings.problems += host_problems(hosted, configured) or _capability_problems(configured, args.groups or 1)
     root = inspect_stack(configured, build=not args.classes_only, findings=findings)
     for line in tree_lines(root):
+        print(line)
+    for line in host_lines(hosted, configured):
         print(line)
     unbuildable = list(dict.fromkeys(reason for node in walk(root) for reason in node.missing_because))
     for problem in findings.problems:

@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--layers", type=_POSITIVE, default=6, help="attention layers (default: 6)")
     model.add_argument("--pattern", default="FSS",
                        help="attention kind per layer, repeated: F full, S sliding window (default: FSS)")
-    model.add_argument("--window", type=_POSITIVE, default=128, help="sliding window in tokens (default: 128)")
+    model.add_argument("--window", type=_POSITIVE, default=64, help="sliding window in tokens (default: 64)")
     model.add_argument("--kv-heads", type=_POSITIVE, default=4, help="KV heads per layer (default: 4)")
     model.add_argument("--head-dim", type=_POSITIVE, default=64, help="(default: 64)")
     model.add_argument("--block-size", type=_POSITIVE, default=16, help="tokens per block (default: 16)")
@@ -83,12 +83,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stack.add_argument("--store-dir", type=Path, default=None,
                        help="root of connectors that declare it: the file store's directory "
                             "(default: a temporary directory, removed afterwards)")
+    stack.add_argument("--redis-url", default="redis://127.0.0.1:6379",
+                       help="url of connectors that declare it: the redis store's server, or cluster nodes "
+                            "separated by ',' (needs capkv[redis]; default: redis://127.0.0.1:6379)")
     work = parser.add_argument_group("workload")
     work.add_argument("--requests", type=_POSITIVE, default=32, help="requests per run (default: 32)")
     work.add_argument("--prefixes", type=_POSITIVE, default=4, help="distinct shared prefixes (default: 4)")
     work.add_argument("--prefix-len", type=_NATURAL, default=384, help="tokens in each shared prefix (default: 384)")
     work.add_argument("--suffix-len", type=_NATURAL, default=65, help="tokens of each request's own (default: 65)")
-    work.add_argument("--max-tokens", type=_POSITIVE, default=8, help="tokens generated per request (default: 8)")
+    work.add_argument("--max-tokens", type=_POSITIVE, default=128,
+                      help="tokens generated per request (default: 128, twice the default window: sliding-window "
+                           "prefixes the warm run needs scrolled out of the window long before the cold run finished)")
     work.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the paged KV cache lives")
     parser.add_argument("--threads", type=_POSITIVE, default=1,
@@ -111,10 +116,14 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     with _store_directory(args.store_dir) as directory:
         context = BuildContext(
-            spec=shape.kv_spec(), defaults={"capacity_blocks": args.cpu_blocks, "root": str(directory)}
+            spec=shape.kv_spec(),
+            defaults={"capacity_blocks": args.cpu_blocks, "root": str(directory), "url": args.redis_url},
         )
         findings = Findings()
-        root = inspect_stack(configured, context=context, findings=findings)
+        try:
+            root = inspect_stack(configured, context=context, findings=findings)
+        except ImportError as error:  # an optional dependency, e.g. the redis store without capkv[redis]
+            return _fail_line(f"refused before serving: {error}")
         stack = root.built
         if findings.problems or findings.errors or stack is None:
             _print_setup(out, shape, workload, root)
@@ -234,6 +243,10 @@ def _leaf_detail(node: Inspected) -> str:
         return str(leaf.root)
     if isinstance(leaf, CPUOffloadConnector):
         return f"{leaf.pool.capacity} blocks"
+    if type(leaf).__name__ == "RedisStoreConnector":  # not imported here: it is optional
+        url, kv = getattr(leaf, "url", ""), getattr(leaf, "kv", None)
+        reachable = getattr(kv, "ping", lambda: True)()
+        return f"{url}{'' if reachable else '  (not answering: every lookup a miss)'}"
     return ""
 
 

@@ -4,6 +4,9 @@ A configuration names a connector the ways vLLM does: by a registered name
 (capkv's own connectors, ``@register_connector("name")``, or an entry point in
 the ``capkv.connectors`` group of an installed package), or by where it lives —
 a ``"module:Class"`` path, or the class name plus ``kv_connector_module_path``.
+A name none of these knows is then asked of the engines' own registries
+(:data:`ENGINE_NAMESPACES`: vLLM's connector names, when vLLM is installed), so a
+vLLM connector can be named in a stack as vLLM's own configuration names it.
 Every name resolves lazily, to a *class*: nothing is imported until a
 configuration uses the name, and nothing is constructed at all.
 """
@@ -14,13 +17,14 @@ import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from capkv.contracts._connector import missing_members
 from capkv.errors import ConfigError
 
 __all__ = [
     "BUILTIN_CONNECTORS",
+    "ENGINE_NAMESPACES",
     "ENTRY_POINT_GROUP",
     "ConnectorRegistry",
     "default_registry",
@@ -36,12 +40,19 @@ BUILTIN_CONNECTORS: Mapping[str, str] = {
     "CPUOffloadConnector": "capkv.connectors._cpu_offload:CPUOffloadConnector",
     "FileStoreConnector": "capkv.connectors._file_store:FileStoreConnector",
     "SingleGroupOffloadConnector": "capkv.connectors._single_group:SingleGroupOffloadConnector",
+    "RedisStoreConnector": "capkv.connectors._redis_store:RedisStoreConnector",
     "cpu": "capkv.connectors._cpu_offload:CPUOffloadConnector",
     "file": "capkv.connectors._file_store:FileStoreConnector",
+    "redis": "capkv.connectors._redis_store:RedisStoreConnector",
     "single": "capkv.connectors._single_group:SingleGroupOffloadConnector",
 }
 """capkv's own connectors, by the names vLLM configurations use (one line per connector),
 and the short names ``capkv demo --stack`` has always used (``cpu,file``)."""
+
+ENGINE_NAMESPACES: tuple[str, ...] = ("capkv.adapters.vllm._names:resolve_vllm_name",)
+"""Engines' connector names, asked in order for a name capkv does not know: each a ``"module:function"``
+taking the name and returning the class, or ``None`` when the engine does not know it (or is not
+installed). The module is imported only on such a miss, so an engine is imported only when needed."""
 
 _C = TypeVar("_C", bound=type[Any])
 
@@ -54,10 +65,12 @@ class ConnectorRegistry:
         builtins: Mapping[str, str] = BUILTIN_CONNECTORS,
         *,
         entry_point_group: str | None = ENTRY_POINT_GROUP,
+        engine_namespaces: tuple[str, ...] = ENGINE_NAMESPACES,
     ) -> None:
         self._targets: dict[str, type[Any] | str] = dict(builtins)
         self._entry_point_group = entry_point_group
         self._entry_points: dict[str, str] | None = None
+        self._engine_namespaces = engine_namespaces
 
     def register(self, name: str) -> Callable[[_C], _C]:
         """Class decorator: make the class resolvable as ``name``."""
@@ -109,9 +122,11 @@ class ConnectorRegistry:
         if target is None:
             target = self._published().get(name)
         if target is None:
+            target = self._from_engines(name)
+        if target is None:
             raise ConfigError(
                 f'unknown connector "{name}" (registered: {", ".join(self.names()) or "none"}; '
-                'or give a "module:Class" path)',
+                f'{_engine_hint(self._engine_namespaces)}or give a "module:Class" path)',
                 connector=name,
                 method="resolve",
                 value=name,
@@ -123,12 +138,28 @@ class ConnectorRegistry:
             return cls
         return _require_connector_class(target, name)
 
+    def _from_engines(self, name: str) -> type[Any] | None:
+        for namespace in self._engine_namespaces:
+            module, _, function = namespace.partition(":")
+            lookup = _import_attribute(module, function, shown=namespace)
+            found: object = cast("Callable[[str], object]", lookup)(name)
+            if found is not None:
+                cls = _require_connector_class(found, name)
+                self._targets[name] = cls
+                return cls
+        return None
+
     def _published(self) -> dict[str, str]:
         if self._entry_points is None:
             group = self._entry_point_group
             found = entry_points(group=group) if group else ()
             self._entry_points = {ep.name: ep.value for ep in found}
         return self._entry_points
+
+
+def _engine_hint(namespaces: tuple[str, ...]) -> str:
+    hints = [getattr(importlib.import_module(ns.partition(":")[0]), "HINT", "") for ns in namespaces]
+    return "".join(f"{hint}; " for hint in hints if hint)
 
 
 def _same_target(a: type[Any] | str, b: type[Any] | str) -> bool:

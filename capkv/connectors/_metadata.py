@@ -39,12 +39,16 @@ class StoreMetadata:
     loads: tuple[BlockMove, ...] = ()
     """Store -> engine, done before the step's forward pass."""
     saves: tuple[BlockMove, ...] = ()
-    """Engine -> store, for finished requests whose blocks are held until the save completes."""
+    """Engine -> store, started in ``start_load_kv``: finished requests' blocks, held by the
+    engine (``delay_free``) until the copy has read them."""
     unavailable: tuple[tuple[int, int], ...] = ()
     """``(group, block_id)`` the scheduler promised but can no longer load: reported as load errors."""
     step: int = 0
     """Which step built it (counting from 1): the worker reports loads done by step, so pins
     are released by what ran, not by how often the engine calls ``update_connector_output``."""
+    step_saves: tuple[BlockMove, ...] = ()
+    """Engine -> store, started in ``wait_for_save``: the blocks this step's forward pass filled,
+    read before the engine can free or reuse them (the engine's stream is ordered after the copy)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,10 @@ class SaveReport:
     """Not stored (a disk error, say): the scheduler may plan them again."""
     loaded_through: int | None = None
     """The last step whose loads ran (``None``: no news); the blocks they read may be evicted."""
+    layout: tuple[bytes, ...] | None = None
+    """The worker's memory-layout fingerprint per group, reported once after ``register_kv_caches``
+    by stores whose stored bytes depend on it (files), so a scheduler side that never saw the KV
+    cache offers only blocks this worker can load."""
 
     def aggregate(self, other: Any, /) -> SaveReport:
         """Merge another worker's report; a key that any worker failed to store counts as failed, and
@@ -74,4 +82,4 @@ class SaveReport:
         failed = self.failed | other.failed
         mine, theirs = self.loaded_through, other.loaded_through
         loaded = None if mine is None or theirs is None else min(mine, theirs)  # a later report covers it
-        return SaveReport((self.stored | other.stored) - failed, failed, loaded)
+        return SaveReport((self.stored | other.stored) - failed, failed, loaded, self.layout or other.layout)

@@ -6,6 +6,20 @@ share no state, so the pair would work split across processes as well as
 inside one object. A key is planned for saving at most once: from the plan
 until the report it is held (never planned again) but not loadable.
 
+Saves follow computation: each step, :meth:`StoreScheduler.build` reads the
+scheduler output (:mod:`capkv.connectors._step`) and plans the save of every
+block the step fills — every group, in token order — as ``step_saves``, which
+the worker runs in ``wait_for_save``, after the forward pass wrote them and
+before the engine can free or reuse them. So a sliding-window block is stored
+before it leaves the window, and a prefix is loadable while the request that
+computed it still runs. Per request and group a cursor remembers how far saves
+were planned; it moves back when ``num_computed_tokens`` does (a preemption, a
+failed load recomputed), and blocks already held are not planned again. At
+finish the request's remaining computed blocks (those a full store could not
+take earlier, or whose save failed) are planned as ``saves``, for which the
+engine keeps the blocks (``delay_free``). A request whose load failed this step
+saves nothing this step: its KV from the failed block on is recomputed later.
+
 Blocks a load will read are pinned (not evictable) from the plan until the
 worker reports that step's loads done: each metadata carries its step number
 and the report the highest step whose loads ran, so an engine that skips
@@ -15,18 +29,21 @@ nor releases them early.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from capkv.connectors._hits import GroupGeometry, longest_hit
 from capkv.connectors._keys import BlockKey, PrefixHasher, RequestKeys
 from capkv.connectors._metadata import BlockMove, SaveReport, StoreMetadata
+from capkv.connectors._step import scheduled_blocks
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVConnectorOutput, TokenRequest
 from capkv.contracts._spec import KVSpec
 from capkv.contracts._token_requests import check_token_request
 from capkv.contracts._block_ids import check_block_groups
 from capkv.errors import ContractError, MetadataError
 
-__all__ = ["StoreIndex", "StoreScheduler"]
+__all__ = ["BatchedStoreIndex", "ChainAwareIndex", "LayoutAwareIndex", "StoreIndex", "StoreScheduler"]
 
 
 @runtime_checkable
@@ -64,6 +81,65 @@ class StoreIndex(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchedStoreIndex(StoreIndex, Protocol):
+    """A store index that answers best in batches (a remote store: one round trip, not one per block).
+
+    The scheduler names the keys it is about to ask about; the index may learn
+    them all at once and answer ``loadable``/``holds``/``pin`` from what it
+    learnt, until the step's metadata is built (:meth:`forget`).
+    """
+
+    def lookup(self, keys: Sequence[BlockKey], /) -> None:
+        """The scheduler will ask about ``keys`` next."""
+        ...
+
+    def forget(self) -> None:
+        """A step's metadata was built: what was learnt before may be stale now."""
+        ...
+
+
+@dataclass
+class _Live:
+    """A request the engine has allocated blocks for, as far as saves are concerned."""
+
+    request: TokenRequest
+    keys: RequestKeys
+    tables: list[list[int]]
+    """Per group, the block table as the scheduler outputs told it (stale ids may remain where
+    a sliding window dropped blocks: only blocks inside the window are ever read)."""
+    next_block: list[int]
+    """Per group, the first block whose save is not yet decided."""
+
+
+_Candidate = tuple[int, int, int]
+"""``(token end, group, block index)``: sorted, a plan follows token order across groups."""
+
+
+@runtime_checkable
+class ChainAwareIndex(Protocol):
+    """An index that keeps prefix chains usable when it evicts (the host pool).
+
+    The scheduler side calls :meth:`use` with a request's chain of each group
+    (head first) around every plan that may reserve, and :meth:`end_use` after it.
+    """
+
+    def use(self, chain: Sequence[BlockKey], /) -> None:
+        """The request being planned uses ``chain``: recent (head most), and not evicted until ``end_use``."""
+        ...
+
+    def end_use(self) -> None: ...
+
+
+@runtime_checkable
+class LayoutAwareIndex(Protocol):
+    """An index whose contents depend on the engine's memory layout (see ``SaveReport.layout``)."""
+
+    def set_layout(self, fingerprints: tuple[bytes, ...], /) -> None:
+        """The worker's layout fingerprint per group."""
+        ...
+
+
 class StoreScheduler:
     """Hit lookup, load and save planning for every KV-cache group of one spec."""
 
@@ -71,12 +147,17 @@ class StoreScheduler:
         self._owner = owner
         self._spec = spec
         self._index = index
+        self._batched = index if isinstance(index, BatchedStoreIndex) else None
         self._hasher = hasher
         self._geometry = tuple(
             GroupGeometry(group.block_size or 1, group.sliding_window) for group in spec.groups
         )
         self._null = spec.null_block_id
         self._keys: dict[str, RequestKeys] = {}
+        self._live: dict[str, _Live] = {}
+        self._load_failed: set[str] = set()
+        """Requests that cannot load a promised block this step: they save nothing this step."""
+        self._step_saves: list[BlockMove] = []
         self._offers: dict[str, tuple[int, int]] = {}
         self._loads: list[BlockMove] = []
         self._saves: list[BlockMove] = []
@@ -99,6 +180,13 @@ class StoreScheduler:
         self._check_token_count(num_computed_tokens, total, request.request_id, method, "num_computed_tokens")
         limit = total - 1  # the engine must compute at least the last token
 
+        if self._batched is not None:
+            self._batched.lookup([
+                keys.key(group, block, method=method)
+                for group, geometry in enumerate(self._geometry)
+                for block in range(num_computed_tokens // geometry.block_size, limit // geometry.block_size)
+            ])
+
         def present(group: int, block: int) -> bool:
             return self._index.loadable(keys.key(group, block, method=method))
 
@@ -114,11 +202,19 @@ class StoreScheduler:
         method = "update_state_after_alloc"
         check_token_request(request, connector=self._owner, method=method)
         offer = self._offers.pop(request.request_id, None)
-        if num_external_tokens == 0:
-            return
-        start, end = self._accepted(request.request_id, offer, num_external_tokens)
+        accepted = self._accepted(request.request_id, offer, num_external_tokens) if num_external_tokens else None
         self._check_block_ids(blocks, method)
         keys = self._request_keys(request)
+        live = self._live.get(request.request_id)
+        if live is None:
+            self._live[request.request_id] = _Live(
+                request, keys, [list(ids) for ids in blocks], [0] * len(self._geometry)
+            )
+        else:  # allocated again (resumed after a preemption): the scheduler output will say the table
+            live.request, live.keys = request, keys
+        if accepted is None:
+            return
+        start, end = accepted
         for group, geometry in enumerate(self._geometry):
             ids = blocks[group]
             needed = geometry.needed(start, end)
@@ -139,6 +235,7 @@ class StoreScheduler:
                 slot = self._index.pin(key)
                 if slot is None:
                     self._unavailable.append((group, block_id))
+                    self._load_failed.add(request.request_id)
                     continue
                 self._pinned.append(key)
                 move_ids.append(block_id)
@@ -148,6 +245,10 @@ class StoreScheduler:
                 self._loads.append(
                     BlockMove(request.request_id, group, tuple(move_ids), tuple(move_keys), tuple(slots))
                 )
+            if isinstance(self._index, ChainAwareIndex):
+                self._index.use([keys.key(group, block, method=method) for block in range(needed.stop)])
+        if isinstance(self._index, ChainAwareIndex):
+            self._index.end_use()
         self.hit_tokens += num_external_tokens
 
     def _accepted(self, request_id: str, offer: tuple[int, int] | None, num_external_tokens: int) -> tuple[int, int]:
@@ -175,37 +276,100 @@ class StoreScheduler:
     # ---- saves ---------------------------------------------------------------------
 
     def finished(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> bool:
-        """Plan the save of a finished request's computed full blocks; ``True`` when its blocks must be held."""
+        """Plan the save of a finished request's computed full blocks not saved yet; ``True`` when
+        its blocks must be held until those saves have read them."""
         check_token_request(request, connector=self._owner, method=method)
         request_id = request.request_id
         self._offers.pop(request_id, None)
-        keys = self._keys.pop(request_id, None) or RequestKeys(self._hasher, request.all_token_ids)
+        live = self._live.pop(request_id, None)
+        keys = self._keys.pop(request_id, None) or (live.keys if live is not None else None)
+        if keys is None:
+            keys = RequestKeys(self._hasher, request.all_token_ids)
         keys.update(request.all_token_ids)
         self._check_block_ids(block_ids, method)
         computed = self._computed_tokens(request, method)
-        # Token order across groups, so a store that fills up keeps whole prefixes.
         candidates = sorted(
             ((block + 1) * geometry.block_size, group, block)
             for group, geometry in enumerate(self._geometry)
             for block in range(min(computed // geometry.block_size, len(block_ids[group])))
-            if block_ids[group][block] != self._null
         )
+        self._look_up(
+            [(keys, group, block) for _, group, block in candidates if block_ids[group][block] != self._null], method
+        )
+        return self._plan(request_id, keys, candidates, lambda g, b: block_ids[g][b], None, self._saves, method)
+
+    def _step_candidates(self, live: _Live, before: int, after: int) -> list[_Candidate]:
+        """The blocks a step fills (tokens ``[before, after)`` computed) whose save is not decided yet."""
+        tokens = live.request.all_token_ids
+        live.keys.update(tokens)
+        after = min(after, len(tokens))  # tokens not known yet (speculative) have no key
+        candidates: list[_Candidate] = []
+        for group, geometry in enumerate(self._geometry):
+            size = geometry.block_size
+            # Back to where computation restarts; never before the window (those blocks may be gone).
+            first = max(min(live.next_block[group], before // size), geometry.first_kept(before))
+            live.next_block[group] = first
+            table = live.tables[group]
+            candidates += (((b + 1) * size, group, b) for b in range(first, min(after // size, len(table))))
+        return sorted(candidates)
+
+    def _look_up(self, wanted: list[tuple[RequestKeys, int, int]], method: str) -> None:
+        """Tell a batched index every ``(keys, group, block)`` about to be asked about: one round trip."""
+        if self._batched is not None and wanted:
+            self._batched.lookup([keys.key(group, block, method=method) for keys, group, block in wanted])
+
+    def _plan(
+        self,
+        request_id: str,
+        keys: RequestKeys,
+        candidates: list[_Candidate],
+        block_id: Callable[[int, int], int],
+        cursors: list[int] | None,
+        into: list[BlockMove],
+        method: str,
+    ) -> bool:
+        """Reserve and plan ``candidates`` in order, skipping null and held blocks, until the store
+        is full; ``cursors`` (per group) advance past every block decided. Whether any was planned.
+
+        Held blocks are marked used tail first, so a chain's head is its most recent block; a
+        chain-aware index also keeps the request's own chain from being evicted by its saves."""
+        chains = self._chains(keys, candidates, method)
         planned: dict[int, list[tuple[int, BlockKey, int]]] = {}
+        touched: list[BlockKey] = []
         for _, group, block in candidates:
-            key = keys.key(group, block, method=method)
-            if self._index.holds(key):
+            engine_block = block_id(group, block)
+            if engine_block != self._null:
+                key = keys.key(group, block, method=method)
+                if self._index.holds(key):
+                    touched.append(key)
+                else:
+                    slot = self._index.reserve(key)
+                    if slot is None:
+                        break  # full: keep whole prefixes, retry later
+                    planned.setdefault(group, []).append((engine_block, key, slot))
+            if cursors is not None:
+                cursors[group] = block + 1
+        if chains is not None and isinstance(self._index, ChainAwareIndex):
+            self._index.end_use()  # stamps the chains, the blocks just reserved in their places
+        else:
+            for key in reversed(touched):
                 self._index.touch(key)
-                continue
-            slot = self._index.reserve(key)
-            if slot is None:
-                break
-            planned.setdefault(group, []).append((block_ids[group][block], key, slot))
-        if not planned:
-            return False
         for group, entries in sorted(planned.items()):
             ids, group_keys, slots = zip(*entries, strict=True)
-            self._saves.append(BlockMove(request_id, group, ids, group_keys, slots))
-        return True
+            into.append(BlockMove(request_id, group, ids, group_keys, slots))
+        return bool(planned)
+
+    def _chains(self, keys: RequestKeys, candidates: list[_Candidate], method: str) -> list[list[BlockKey]] | None:
+        """For a chain-aware index: each group's chain up to the last candidate, marked in use."""
+        if not isinstance(self._index, ChainAwareIndex) or not candidates:
+            return None
+        ends: dict[int, int] = {}
+        for _, group, block in candidates:
+            ends[group] = max(ends.get(group, 0), block + 1)
+        chains = [[keys.key(group, block, method=method) for block in range(end)] for group, end in sorted(ends.items())]
+        for chain in chains:
+            self._index.use(chain)
+        return chains
 
     def take_hit_tokens(self) -> int:
         """Tokens loaded into the engine since the last call."""
@@ -214,13 +378,46 @@ class StoreScheduler:
 
     # ---- step boundaries -------------------------------------------------------------
 
-    def build(self) -> StoreMetadata:
-        """This step's metadata; the loads' pins last until the worker reports this step's loads done."""
+    def build(self, scheduler_output: object = None) -> StoreMetadata:
+        """This step's metadata: loads, finished requests' saves, and the saves of the blocks the
+        step fills; the loads' pins last until the worker reports this step's loads done."""
+        method = "build_connector_meta"
+        steps: list[tuple[_Live, list[_Candidate]]] = []
+        for view in scheduled_blocks(scheduler_output, owner=self._owner):
+            live = self._live.get(view.request_id)
+            if live is None:  # never allocated through this connector: its tokens are unknown
+                continue
+            if view.block_ids is not None:
+                self._check_block_ids(view.block_ids, method)
+                if view.replace:
+                    live.tables = [list(ids) for ids in view.block_ids]
+                else:
+                    for table, ids in zip(live.tables, view.block_ids, strict=True):
+                        table.extend(ids)
+            if view.request_id not in self._load_failed:
+                before = view.num_computed_tokens
+                steps.append((live, self._step_candidates(live, before, before + view.num_scheduled_tokens)))
+        self._look_up(
+            [(live.keys, g, b) for live, candidates in steps for _, g, b in candidates if live.tables[g][b] != self._null],
+            method,
+        )
+        for live, candidates in steps:
+            if candidates:
+                self._plan(
+                    live.request.request_id, live.keys, candidates, _reader(live.tables), live.next_block,
+                    self._step_saves, method,
+                )
         self._step += 1
-        metadata = StoreMetadata(tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step)
+        metadata = StoreMetadata(
+            tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step, tuple(self._step_saves)
+        )
         if self._pinned:
             self._pinned_by_step[self._step] = self._pinned
         self._loads, self._saves, self._unavailable, self._pinned = [], [], [], []
+        self._step_saves = []
+        self._load_failed.clear()
+        if self._batched is not None:
+            self._batched.forget()
         return metadata
 
     def output(self, connector_output: KVConnectorOutput) -> None:
@@ -240,6 +437,8 @@ class StoreScheduler:
                 f"{self._owner}.{method}: expected SaveReport worker metadata, got {report!r}",
                 connector=self._owner, method=method, value=report,
             )
+        if report.layout is not None and isinstance(self._index, LayoutAwareIndex):
+            self._index.set_layout(report.layout)
         if report.loaded_through is not None:
             for step in [step for step in self._pinned_by_step if step <= report.loaded_through]:
                 for key in self._pinned_by_step.pop(step):
@@ -284,6 +483,11 @@ class StoreScheduler:
                 connector=self._owner, method=method, value=count,
             )
         return count
+
+
+def _reader(tables: list[list[int]]) -> Callable[[int, int], int]:
+    """``(group, block) -> engine block id`` over a request's block tables."""
+    return lambda group, block: tables[group][block]
 
 
 _MISSING = object()

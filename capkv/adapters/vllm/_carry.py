@@ -1,0 +1,46 @@
+"""vLLM's own objects, carried through a capkv stack to the vLLM children that want them.
+
+A host translating vLLM's calls for a capkv stack hands the stack capkv's types
+(block ids per group, capkv's ``KVConnectorOutput``). A wrapped vLLM child needs
+vLLM's again — and the engine's originals carry what ids cannot (block hashes,
+the null flag, statistics, events). These capkv-typed objects carry them along,
+so the child passes the originals on instead of rebuilding them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping as Mapping  # dev mode resolves the inherited fields' hints here
+from dataclasses import dataclass
+from typing import Final
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
+
+from capkv.contracts._engine import BlockIds, KVConnectorOutput
+from capkv.contracts._engine import WorkerMetadata as WorkerMetadata  # as above
+
+__all__ = ["VLLM_NULL_BLOCK_ID", "VllmBlockIds", "VllmOutputCarrier", "block_ids_from_vllm"]
+
+VLLM_NULL_BLOCK_ID: Final = 0
+"""vLLM's block pool makes block 0 the null block (``is_null``)."""
+
+
+class VllmBlockIds(tuple[list[int], ...]):
+    """One list of block ids per group (capkv's :data:`~capkv.BlockIds`), with vLLM's ``KVCacheBlocks``."""
+
+    kv_cache_blocks: KVCacheBlocks
+
+
+def block_ids_from_vllm(blocks: KVCacheBlocks) -> BlockIds:
+    """vLLM's ``KVCacheBlocks`` as capkv's block ids, carrying the original for wrapped vLLM children."""
+    ids = VllmBlockIds(blocks.get_block_ids())
+    ids.kv_cache_blocks = blocks
+    return ids
+
+
+@dataclass(frozen=True)
+class VllmOutputCarrier(KVConnectorOutput):
+    """capkv's ``KVConnectorOutput`` with vLLM's original: a wrapped vLLM child gets the original,
+    its worker metadata set to the child's own for the call (as vLLM's MultiConnector does)."""
+
+    vllm_output: VllmKVConnectorOutput | None = None

@@ -1,0 +1,140 @@
+"""The hosted stack: read from the host's extra config, built for one role, and its class-level facts.
+
+A stack names connectors as ``capkv check`` reads them (capkv's registry, entry
+points, ``module:Class`` paths, and vLLM's own connector names, so
+``{"kv_connector": "ExampleConnector"}`` means vLLM's). Each leaf is built the way
+its kind expects:
+
+- a vLLM connector class: ``cls(vllm_config, role, kv_cache_config)``, with a copy of
+  the engine's config whose ``kv_transfer_config`` is the child's own entry (as
+  vLLM's MultiConnector does), then wrapped as a capkv child;
+- a capkv connector whose constructor's first parameter is a :class:`~capkv.KVSpec`
+  (capkv's stores): ``cls(spec, **extra_config)`` with the engine's spec;
+- anything else: :func:`capkv.config.build_connector` (``from_extra_config`` or ``cls(**extra)``).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.config.kv_transfer import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.v1.kv_cache_interface import KVCacheConfig
+
+from capkv.adapters.vllm._child import wrap
+from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE, StaticFact, class_fact
+from capkv.composite._agreement import child_label, combine
+from capkv.config._build import build_connector, build_stack
+from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack, load_stack
+from capkv.contracts._spec import KVSpec
+from capkv.errors import CapkvError, ConfigError
+
+__all__ = ["Engine", "build_hosted", "configured_fact", "load_hosted"]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What vLLM handed the host: everything a leaf may be built from."""
+
+    vllm_config: VllmConfig
+    role: KVConnectorRole
+    kv_cache_config: KVCacheConfig
+    spec: KVSpec
+
+
+def load_hosted(stack: Mapping[str, Any]) -> ConfiguredNode:
+    """The hosted stack's classes (nothing is built)."""
+    return load_stack(stack)
+
+
+def is_vllm_connector(cls: type[Any]) -> bool:
+    """Whether ``cls`` is one of vLLM's own connector classes (built by vLLM's constructor)."""
+    return issubclass(cls, KVConnectorBase_V1)
+
+
+def child_vllm_config(vllm_config: VllmConfig, leaf: ConfiguredConnector) -> VllmConfig:
+    """The engine's config as ``leaf`` must see it: its own entry as the ``kv_transfer_config``."""
+    host = vllm_config.kv_transfer_config
+    child = copy.copy(vllm_config)
+    child.kv_transfer_config = KVTransferConfig(
+        kv_connector=leaf.cls.__name__,
+        kv_connector_module_path=leaf.cls.__module__,
+        kv_connector_extra_config=dict(leaf.extra_config),
+        kv_role=None if host is None else host.kv_role,
+        engine_id=None if host is None else host.engine_id,
+    )
+    return child
+
+
+def build_hosted(configured: ConfiguredNode, engine: Engine) -> Any:
+    """The stack's connectors for ``engine``'s role, leaves first."""
+    return build_stack(configured, factory=lambda leaf: _build_leaf(leaf, engine))
+
+
+def _build_leaf(leaf: ConfiguredConnector, engine: Engine) -> Any:
+    if is_vllm_connector(leaf.cls):
+        return _guarded(leaf, lambda: _wrap_vllm(leaf, engine))
+    if _takes_spec(leaf.cls):
+        return _guarded(leaf, lambda: leaf.cls(engine.spec, **leaf.extra_config))
+    return build_connector(leaf)
+
+
+def _wrap_vllm(leaf: ConfiguredConnector, engine: Engine) -> Any:
+    config = child_vllm_config(engine.vllm_config, leaf)
+    built = leaf.cls(config, engine.role, engine.kv_cache_config)
+    return wrap(built, vllm_config=config, null_block_id=engine.spec.null_block_id)
+
+
+def _guarded(leaf: ConfiguredConnector, make: Callable[[], Any]) -> Any:
+    try:
+        return make()
+    except CapkvError:
+        raise
+    except Exception as exc:
+        where = f"{leaf.position}: " if leaf.position else ""
+        raise ConfigError(
+            f'{where}cannot build "{leaf.name}" for vLLM: {type(exc).__name__}: {exc}',
+            connector=leaf.position or leaf.name, method="__init__", value=dict(leaf.extra_config),
+        ) from exc
+
+
+def _takes_spec(cls: type[Any]) -> bool:
+    """Whether ``cls``'s constructor takes the engine's :class:`~capkv.KVSpec` first."""
+    init: object = getattr(cls, "__init__", None)
+    try:
+        hints = typing.get_type_hints(init)
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (NameError, TypeError, ValueError):
+        return False
+    return bool(parameters) and hints.get(parameters[0].name) is KVSpec
+
+
+def configured_fact(
+    node: ConfiguredNode, fact: StaticFact, *, vllm_config: VllmConfig | None
+) -> object:
+    """``fact`` for the configured stack from its classes; :data:`NEEDS_INSTANCE` when a class cannot say.
+
+    vLLM's own connector classes answer with vLLM's arguments: the layout from
+    their ``kv_transfer_config``, piecewise CUDA graphs from their extra config.
+    """
+    if isinstance(node, ConfiguredStack):
+        answers = [configured_fact(entry, fact, vllm_config=vllm_config) for entry in node.entries]
+        if any(answer is NEEDS_INSTANCE for answer in answers):
+            return NEEDS_INSTANCE
+        labelled = [(child_label(i, entry.cls.__name__), a) for i, (entry, a) in enumerate(zip(node.entries, answers), 1)]
+        return combine(node.cls.__name__, fact, labelled)
+    if is_vllm_connector(node.cls):
+        if fact == LAYOUT and vllm_config is not None:
+            layout: object = node.cls.get_required_kvcache_layout(child_vllm_config(vllm_config, node))
+            return layout
+        if fact == PIECEWISE:
+            piecewise: object = node.cls.requires_piecewise_for_cudagraph(dict(node.extra_config))
+            return piecewise
+        return NEEDS_INSTANCE
+    return class_fact(node.cls, fact)

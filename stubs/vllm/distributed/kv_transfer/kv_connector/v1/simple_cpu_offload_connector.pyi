@@ -1,0 +1,29 @@
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata as KVConnectorMetadata
+from vllm.forward_context import ForwardContext
+from vllm.v1.attention.backend import AttentionMetadata
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.request import Request
+from typing import Any
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.request import Request
+
+class SimpleCPUOffloadConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None: ...
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None: ...
+    def wait_for_layer_load(self, layer_name: str) -> None: ...
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None: ...
+    def wait_for_save(self) -> None: ...
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]: ...
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None: ...
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata: ...
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]: ...
