@@ -101,7 +101,7 @@ def test_every_memory_layout_has_its_own_fingerprint() -> None:
 def test_importing_capkv_does_not_import_redis() -> None:
     code = (
         "import sys, capkv, capkv.connectors, capkv.config, capkv.cli._demo\n"
-        "from capkv.config import resolve_connector\n"
+        "from capkv.config._registry import resolve_connector\n"
         "resolve_connector('redis')\n"
         "print('redis' in sys.modules)\n"
     )
