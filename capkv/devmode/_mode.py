@@ -89,6 +89,8 @@ def check_capkv_types() -> None:
     they are, so it must run before capkv imports its submodules. ``capkv.devmode``
     itself is skipped: its checks take ``object`` and judge every element
     themselves, and beartype around them would only slow down every checked call.
+    ``capkv.testing`` is skipped too: its fakes answer whatever a test sets, wrong
+    types included, so that the checks under test are the ones that catch them.
     """
     global _types_checked
     if _types_checked or not enabled():
@@ -98,6 +100,6 @@ def check_capkv_types() -> None:
 
     from capkv.errors import ContractError
 
-    conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=("capkv.devmode",))
+    conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=("capkv.devmode", "capkv.testing"))
     beartype_package("capkv", conf=conf)
     _types_checked = True
