@@ -89,7 +89,7 @@ class Worker:
 
     def _load_errors(self) -> dict[int, set[int]]:
         """The connector's failed loads, refused unless shaped ``{group index: {block id, ...}}``."""
-        errors: object = self.connector.get_block_ids_with_load_errors()
+        errors = cast("object", self.connector.get_block_ids_with_load_errors())  # judged here, not trusted
         num_groups = len(self.cache.shape.groups)
         name = describe(self.connector)
 
@@ -103,14 +103,14 @@ class Worker:
         if not isinstance(errors, Mapping):
             raise refuse(f"a {type(errors).__name__} ({errors!r})", None, errors)
         checked: dict[int, set[int]] = {}
-        for group, ids in cast("Mapping[object, object]", errors).items():
+        entries: list[tuple[object, object]] = list(cast("Mapping[object, object]", errors).items())
+        for group, ids in entries:
             if type(group) is not int or not 0 <= group < num_groups:
                 raise refuse(f"the key {group!r}, which is not a group index", None, group)
-            if not isinstance(ids, AbstractSet) or not all(
-                type(i) is int for i in cast("AbstractSet[object]", ids)
-            ):
+            members = _as_set(ids)
+            if members is None or not all(type(i) is int for i in members):
                 raise refuse(f"{ids!r} for group {group}, which is not a set of int block ids", group, ids)
-            checked[group] = set(cast("AbstractSet[int]", ids))
+            checked[group] = set(cast("AbstractSet[int]", members))
         return checked
 
     def _forward(self, output: SchedulerOutput, mismatches: list[Mismatch]) -> None:
@@ -140,3 +140,7 @@ class Worker:
                 connector.save_kv_layer(
                     layer, self.cache.tensors[layer], LayerAttentionMetadata(group.index, slots[group.index])
                 )
+
+
+def _as_set(value: object) -> AbstractSet[object] | None:
+    return cast("AbstractSet[object]", value) if isinstance(value, AbstractSet) else None
