@@ -7,20 +7,32 @@ members to a :class:`StoreWorker`, and the two meet only in the
 
 Flow, per engine step: ``get_num_new_matched_tokens`` offers the longest
 prefix every group can load; ``update_state_after_alloc`` plans the load into
-the allocated blocks; ``build_connector_meta`` ships the plan;
-``start_load_kv`` loads (synchronously on CPU, stream-ordered on CUDA: the
-load is never asynchronous to the engine) and starts saves planned by
-``request_finished_all_groups``; ``get_finished`` reports a request once its
-saves completed, after which the engine frees its blocks;
-``build_connector_worker_meta`` reports which saves landed in the store (or
-failed), and ``update_connector_output`` hands that to the scheduler side.
+the allocated blocks; ``build_connector_meta`` ships the plan, and plans the
+saves of every block the step will fill (read from the scheduler output, see
+:mod:`capkv.connectors._step`); ``start_load_kv`` loads (synchronously on CPU,
+stream-ordered on CUDA: the load is never asynchronous to the engine) and
+starts saves planned by ``request_finished_all_groups``; ``wait_for_save``
+starts the saves of the blocks the forward pass just filled (the engine's
+stream is ordered after those copies, so it may free and reuse the blocks);
+``get_finished`` reports a finished request once its saves completed, after
+which the engine frees its blocks; ``build_connector_worker_meta`` reports
+which saves landed in the store (or failed), and ``update_connector_output``
+hands that to the scheduler side.
+
+The seam for a new store (the host pool, files, Redis): a
+:class:`~capkv.connectors._scheduler.StoreIndex` (what the scheduler side knows
+of the store's contents) and a :class:`~capkv.connectors._worker.StoreWorker`
+subclass (how one :class:`BlockMove` is loaded and saved); both kinds of save
+arrive through the same ``StoreWorker._save``.
 """
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Any
 
 import torch
+from typing_extensions import Self
 
 from capkv.connectors._keys import PrefixHasher
 from capkv.connectors._metadata import SaveReport, StoreMetadata
@@ -94,7 +106,7 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
         self._scheduler.allocated(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> StoreMetadata:
-        return self._scheduler.build()
+        return self._scheduler.build(scheduler_output)
 
     def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
         self._scheduler.output(connector_output)
@@ -145,10 +157,14 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
     ) -> None:
-        """Nothing per layer: finished requests' blocks are saved whole, every layer in one copy."""
+        """Nothing per layer: ``wait_for_save`` saves each filled block whole, every layer in one copy."""
 
     def wait_for_save(self) -> None:
-        """Nothing to wait for: saves read held blocks, and ``get_finished`` reports them."""
+        """Start saving the blocks this step filled (never waited for: ``build_connector_worker_meta``
+        reports when they land); the engine's stream is ordered after their copies."""
+        metadata = self.connector_metadata
+        if isinstance(metadata, StoreMetadata):
+            self._worker.save_computed(metadata)
 
     def get_finished(self, finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
         return self._worker.finished(), None
@@ -173,3 +189,18 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
 
     def shutdown(self) -> None:
         self._worker.shutdown()
+
+    # ---- a resource --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Let every started save complete and release what the store holds (threads, files);
+        the same as ``shutdown``, by the name resources use."""
+        self.shutdown()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()

@@ -39,12 +39,16 @@ class StoreMetadata:
     loads: tuple[BlockMove, ...] = ()
     """Store -> engine, done before the step's forward pass."""
     saves: tuple[BlockMove, ...] = ()
-    """Engine -> store, for finished requests whose blocks are held until the save completes."""
+    """Engine -> store, started in ``start_load_kv``: finished requests' blocks, held by the
+    engine (``delay_free``) until the copy has read them."""
     unavailable: tuple[tuple[int, int], ...] = ()
     """``(group, block_id)`` the scheduler promised but can no longer load: reported as load errors."""
     step: int = 0
     """Which step built it (counting from 1): the worker reports loads done by step, so pins
     are released by what ran, not by how often the engine calls ``update_connector_output``."""
+    step_saves: tuple[BlockMove, ...] = ()
+    """Engine -> store, started in ``wait_for_save``: the blocks this step's forward pass filled,
+    read before the engine can free or reuse them (the engine's stream is ordered after the copy)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,20 @@ share no state, so the pair would work split across processes as well as
 inside one object. A key is planned for saving at most once: from the plan
 until the report it is held (never planned again) but not loadable.
 
+Saves follow computation: each step, :meth:`StoreScheduler.build` reads the
+scheduler output (:mod:`capkv.connectors._step`) and plans the save of every
+block the step fills — every group, in token order — as ``step_saves``, which
+the worker runs in ``wait_for_save``, after the forward pass wrote them and
+before the engine can free or reuse them. So a sliding-window block is stored
+before it leaves the window, and a prefix is loadable while the request that
+computed it still runs. Per request and group a cursor remembers how far saves
+were planned; it moves back when ``num_computed_tokens`` does (a preemption, a
+failed load recomputed), and blocks already held are not planned again. At
+finish the request's remaining computed blocks (those a full store could not
+take earlier, or whose save failed) are planned as ``saves``, for which the
+engine keeps the blocks (``delay_free``). A request whose load failed this step
+saves nothing this step: its KV from the failed block on is recomputed later.
+
 Blocks a load will read are pinned (not evictable) from the plan until the
 worker reports that step's loads done: each metadata carries its step number
 and the report the highest step whose loads ran, so an engine that skips
@@ -15,11 +29,14 @@ nor releases them early.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from capkv.connectors._hits import GroupGeometry, longest_hit
 from capkv.connectors._keys import BlockKey, PrefixHasher, RequestKeys
 from capkv.connectors._metadata import BlockMove, SaveReport, StoreMetadata
+from capkv.connectors._step import scheduled_blocks
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVConnectorOutput, TokenRequest
 from capkv.contracts._spec import KVSpec
 from capkv.devmode._blocks import check_block_groups
@@ -63,6 +80,23 @@ class StoreIndex(Protocol):
         ...
 
 
+@dataclass
+class _Live:
+    """A request the engine has allocated blocks for, as far as saves are concerned."""
+
+    request: TokenRequest
+    keys: RequestKeys
+    tables: list[list[int]]
+    """Per group, the block table as the scheduler outputs told it (stale ids may remain where
+    a sliding window dropped blocks: only blocks inside the window are ever read)."""
+    next_block: list[int]
+    """Per group, the first block whose save is not yet decided."""
+
+
+_Candidate = tuple[int, int, int]
+"""``(token end, group, block index)``: sorted, a plan follows token order across groups."""
+
+
 class StoreScheduler:
     """Hit lookup, load and save planning for every KV-cache group of one spec."""
 
@@ -76,6 +110,10 @@ class StoreScheduler:
         )
         self._null = spec.null_block_id
         self._keys: dict[str, RequestKeys] = {}
+        self._live: dict[str, _Live] = {}
+        self._load_failed: set[str] = set()
+        """Requests that cannot load a promised block this step: they save nothing this step."""
+        self._step_saves: list[BlockMove] = []
         self._offers: dict[str, tuple[int, int]] = {}
         self._loads: list[BlockMove] = []
         self._saves: list[BlockMove] = []
@@ -111,11 +149,19 @@ class StoreScheduler:
         """Plan the load of the offered blocks into the engine's newly allocated ``blocks``."""
         method = "update_state_after_alloc"
         offer = self._offers.pop(request.request_id, None)
-        if num_external_tokens == 0:
-            return
-        start, end = self._accepted(request.request_id, offer, num_external_tokens)
+        accepted = self._accepted(request.request_id, offer, num_external_tokens) if num_external_tokens else None
         self._check_block_ids(blocks, method)
         keys = self._request_keys(request)
+        live = self._live.get(request.request_id)
+        if live is None:
+            self._live[request.request_id] = _Live(
+                request, keys, [list(ids) for ids in blocks], [0] * len(self._geometry)
+            )
+        else:  # allocated again (resumed after a preemption): the scheduler output will say the table
+            live.request, live.keys = request, keys
+        if accepted is None:
+            return
+        start, end = accepted
         for group, geometry in enumerate(self._geometry):
             ids = blocks[group]
             needed = geometry.needed(start, end)
@@ -136,6 +182,7 @@ class StoreScheduler:
                 slot = self._index.pin(key)
                 if slot is None:
                     self._unavailable.append((group, block_id))
+                    self._load_failed.add(request.request_id)
                     continue
                 self._pinned.append(key)
                 move_ids.append(block_id)
@@ -172,36 +219,76 @@ class StoreScheduler:
     # ---- saves ---------------------------------------------------------------------
 
     def finished(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> bool:
-        """Plan the save of a finished request's computed full blocks; ``True`` when its blocks must be held."""
+        """Plan the save of a finished request's computed full blocks not saved yet; ``True`` when
+        its blocks must be held until those saves have read them."""
         request_id = request.request_id
         self._offers.pop(request_id, None)
-        keys = self._keys.pop(request_id, None) or RequestKeys(self._hasher, request.all_token_ids)
+        live = self._live.pop(request_id, None)
+        keys = self._keys.pop(request_id, None) or (live.keys if live is not None else None)
+        if keys is None:
+            keys = RequestKeys(self._hasher, request.all_token_ids)
         keys.update(request.all_token_ids)
         self._check_block_ids(block_ids, method)
         computed = self._computed_tokens(request, method)
-        # Token order across groups, so a store that fills up keeps whole prefixes.
         candidates = sorted(
             ((block + 1) * geometry.block_size, group, block)
             for group, geometry in enumerate(self._geometry)
             for block in range(min(computed // geometry.block_size, len(block_ids[group])))
-            if block_ids[group][block] != self._null
         )
+        return self._plan(request_id, keys, candidates, lambda g, b: block_ids[g][b], None, self._saves, method)
+
+    def _plan_step(self, live: _Live, before: int, after: int) -> None:
+        """Plan the saves of the blocks a step fills (tokens ``[before, after)`` computed)."""
+        method = "build_connector_meta"
+        tokens = live.request.all_token_ids
+        live.keys.update(tokens)
+        after = min(after, len(tokens))  # tokens not known yet (speculative) have no key
+        candidates: list[_Candidate] = []
+        for group, geometry in enumerate(self._geometry):
+            size = geometry.block_size
+            # Back to where computation restarts; never before the window (those blocks may be gone).
+            first = max(min(live.next_block[group], before // size), geometry.first_kept(before))
+            live.next_block[group] = first
+            table = live.tables[group]
+            candidates += (((b + 1) * size, group, b) for b in range(first, min(after // size, len(table))))
+        if candidates:
+            candidates.sort()
+            tables = live.tables
+            self._plan(
+                live.request.request_id, live.keys, candidates, lambda g, b: tables[g][b], live.next_block,
+                self._step_saves, method,
+            )
+
+    def _plan(
+        self,
+        request_id: str,
+        keys: RequestKeys,
+        candidates: list[_Candidate],
+        block_id: Callable[[int, int], int],
+        cursors: list[int] | None,
+        into: list[BlockMove],
+        method: str,
+    ) -> bool:
+        """Reserve and plan ``candidates`` in order, skipping null and held blocks, until the store
+        is full; ``cursors`` (per group) advance past every block decided. Whether any was planned."""
         planned: dict[int, list[tuple[int, BlockKey, int]]] = {}
         for _, group, block in candidates:
-            key = keys.key(group, block, method=method)
-            if self._index.holds(key):
-                self._index.touch(key)
-                continue
-            slot = self._index.reserve(key)
-            if slot is None:
-                break
-            planned.setdefault(group, []).append((block_ids[group][block], key, slot))
-        if not planned:
-            return False
+            engine_block = block_id(group, block)
+            if engine_block != self._null:
+                key = keys.key(group, block, method=method)
+                if self._index.holds(key):
+                    self._index.touch(key)
+                else:
+                    slot = self._index.reserve(key)
+                    if slot is None:
+                        break  # full: keep whole prefixes, retry later
+                    planned.setdefault(group, []).append((engine_block, key, slot))
+            if cursors is not None:
+                cursors[group] = block + 1
         for group, entries in sorted(planned.items()):
             ids, group_keys, slots = zip(*entries, strict=True)
-            self._saves.append(BlockMove(request_id, group, ids, group_keys, slots))
-        return True
+            into.append(BlockMove(request_id, group, ids, group_keys, slots))
+        return bool(planned)
 
     def take_hit_tokens(self) -> int:
         """Tokens loaded into the engine since the last call."""
@@ -210,13 +297,32 @@ class StoreScheduler:
 
     # ---- step boundaries -------------------------------------------------------------
 
-    def build(self) -> StoreMetadata:
-        """This step's metadata; the loads' pins last until the worker reports this step's loads done."""
+    def build(self, scheduler_output: object = None) -> StoreMetadata:
+        """This step's metadata: loads, finished requests' saves, and the saves of the blocks the
+        step fills; the loads' pins last until the worker reports this step's loads done."""
+        method = "build_connector_meta"
+        for view in scheduled_blocks(scheduler_output, owner=self._owner):
+            live = self._live.get(view.request_id)
+            if live is None:  # never allocated through this connector: its tokens are unknown
+                continue
+            if view.block_ids is not None:
+                self._check_block_ids(view.block_ids, method)
+                if view.replace:
+                    live.tables = [list(ids) for ids in view.block_ids]
+                else:
+                    for table, ids in zip(live.tables, view.block_ids, strict=True):
+                        table.extend(ids)
+            if view.request_id not in self._load_failed:
+                self._plan_step(live, view.num_computed_tokens, view.num_computed_tokens + view.num_scheduled_tokens)
         self._step += 1
-        metadata = StoreMetadata(tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step)
+        metadata = StoreMetadata(
+            tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step, tuple(self._step_saves)
+        )
         if self._pinned:
             self._pinned_by_step[self._step] = self._pinned
         self._loads, self._saves, self._unavailable, self._pinned = [], [], [], []
+        self._step_saves = []
+        self._load_failed.clear()
         return metadata
 
     def output(self, connector_output: KVConnectorOutput) -> None:

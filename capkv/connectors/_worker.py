@@ -1,12 +1,18 @@
 """The worker side of a prefix-keyed store: run the metadata's loads and saves.
 
 Loads run first, in ``start_load_kv``, and the engine's stream is ordered
-after them before any layer computes; saves (of finished requests, whose blocks
+after them before any layer computes; saves of finished requests (whose blocks
 the engine holds) are started right after and never waited for: a request is
 reported in ``get_finished``'s sending set once every copy of its blocks has
-completed, and only then may the engine free them. A save may land in the
-store later than that (a file written in the background): each one's outcome,
-stored or failed, goes back to the scheduler side in the worker metadata.
+completed, and only then may the engine free them. Saves of the blocks a step
+filled start in ``wait_for_save``, after the forward pass; the engine's stream
+is ordered after their copies (on CPU they are done on return), so the engine
+may free and reuse those blocks at once — no request is held for them. A
+request whose load failed this step saves nothing this step (its later blocks
+were computed on KV it never got); those keys are reported failed, so they can
+be saved once recomputed. A save may land in the store later than its copy
+(a file written in the background): each one's outcome, stored or failed, goes
+back to the scheduler side in the worker metadata.
 """
 
 from __future__ import annotations
@@ -87,6 +93,8 @@ class StoreWorker(ABC):
         self._counts: Counter[str] = Counter()
         self._loaded_through: int | None = None
         """The last step whose loads ran, until reported."""
+        self._load_failed: set[str] = set()
+        """Requests whose load failed in the step being run."""
 
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         self._copier = BlockCopier(self._spec, kv_caches, owner=self._owner)
@@ -104,6 +112,7 @@ class StoreWorker(ABC):
         """Run the step's loads and order the engine's stream after them."""
         for group, block_id in metadata.unavailable:
             self._errors.setdefault(group, set()).add(block_id)
+        self._load_failed = set()
         if not metadata.loads:
             self._loaded_through = metadata.step
             return
@@ -114,6 +123,7 @@ class StoreWorker(ABC):
             handles.append(handle)
             if failed:
                 self._errors.setdefault(move.group, set()).update(failed)
+                self._load_failed.add(move.request_id)
             loaded = len(move.block_ids) - len(failed)
             self._counts["loaded_blocks"] += loaded
             self._counts["loaded_bytes"] += loaded * copier.block_nbytes(move.group)
@@ -130,6 +140,21 @@ class StoreWorker(ABC):
         for move in metadata.saves:
             copied, landing = self._save(copier, move)
             self._sending.setdefault(move.request_id, []).append(copied)
+            self._landing.append((move, landing))
+            self._counts["saved_blocks"] += len(move.block_ids)
+            self._counts["saved_bytes"] += len(move.block_ids) * copier.block_nbytes(move.group)
+
+    def save_computed(self, metadata: StoreMetadata) -> None:
+        """Start saving the blocks this step filled; order the engine's stream after the copies."""
+        if not metadata.step_saves:
+            return
+        copier = self.copier("wait_for_save")
+        for move in metadata.step_saves:
+            if move.request_id in self._load_failed:
+                self._failed.update(move.keys)  # computed on a failed load: not stored, saveable again
+                continue
+            copied, landing = self._save(copier, move)
+            copied.stream_wait()
             self._landing.append((move, landing))
             self._counts["saved_blocks"] += len(move.block_ids)
             self._counts["saved_bytes"] += len(move.block_ids) * copier.block_nbytes(move.group)

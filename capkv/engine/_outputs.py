@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 from capkv.contracts._engine import BlockIds, KVConnectorOutput
 from capkv.engine._request import Request
 
-__all__ = ["ForwardContext", "LoadCheck", "Mismatch", "ModelRunnerOutput", "ScheduledRequest", "SchedulerOutput"]
+__all__ = [
+    "CachedRequestData",
+    "ForwardContext",
+    "LoadCheck",
+    "Mismatch",
+    "ModelRunnerOutput",
+    "NewRequestData",
+    "ScheduledRequest",
+    "SchedulerOutput",
+]
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,30 @@ class ScheduledRequest:
         return self.request.request_id
 
 
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request scheduled for the first time (vLLM's name and fields, the ones capkv reads)."""
+
+    req_id: str
+    block_ids: BlockIds
+    """The whole block table, per group."""
+    num_computed_tokens: int
+    """Before this step."""
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """Requests scheduled before (vLLM's name and fields, the ones capkv reads)."""
+
+    req_ids: list[str]
+    resumed_req_ids: set[str]
+    """Their ``new_block_ids`` replace the table (this engine never preempts: always empty)."""
+    new_block_ids: list[BlockIds | None]
+    """Per request, the ids appended to each group's table since it was last scheduled."""
+    num_computed_tokens: list[int]
+    """Per request, before this step."""
+
+
 @dataclass
 class SchedulerOutput:
     """One step's plan, from the scheduler to the worker."""
@@ -48,6 +81,10 @@ class SchedulerOutput:
     """Requests that finished since the previous step (``get_finished`` needs them)."""
     fresh_blocks: dict[int, list[int]] = field(default_factory=lambda: dict[int, list[int]]())
     """Blocks newly handed out, per group: poisoned before anything may write them (vLLM zeroes them)."""
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=lambda: list[NewRequestData]())
+    scheduled_cached_reqs: CachedRequestData = field(
+        default_factory=lambda: CachedRequestData([], set(), [], [])
+    )
     kv_connector_metadata: object = None
 
     @property

@@ -32,7 +32,15 @@ from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import KVConnectorOutput, KVTransferParams
 from capkv.engine._block_tables import BlockTables, LocalHit
 from capkv.engine._model import ModelShape
-from capkv.engine._outputs import LoadCheck, Mismatch, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from capkv.engine._outputs import (
+    CachedRequestData,
+    LoadCheck,
+    Mismatch,
+    ModelRunnerOutput,
+    NewRequestData,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from capkv.engine._request import Request, RequestStatus
 from capkv.engine._stats import EngineStats
 from capkv.engine._verify import VerificationError, Verifier
@@ -78,6 +86,8 @@ class Scheduler:
         """Async loads the worker reported complete, not yet resumed."""
         self._delayed_free: dict[str, Request] = {}
         self._finished_since_last_step: set[str] = set()
+        self._sent_lengths: dict[str, list[int]] = {}
+        """Per running request, how much of each group's table the scheduler outputs have told."""
         self._step = 0
 
     # ---- queue ---------------------------------------------------------------------
@@ -179,9 +189,29 @@ class Scheduler:
         output = SchedulerOutput(
             self._step, scheduled, self._finished_since_last_step, self.tables.take_fresh_blocks()
         )
+        output.scheduled_new_reqs, output.scheduled_cached_reqs = self._request_data(scheduled)
         self._finished_since_last_step = set()
         output.kv_connector_metadata = self.connector.build_connector_meta(output)
         return output
+
+    def _request_data(self, scheduled: list[ScheduledRequest]) -> tuple[list[NewRequestData], CachedRequestData]:
+        """What vLLM's scheduler output says of the step's requests: new ones with their tables,
+        the others with the ids appended since they were last scheduled."""
+        new: list[NewRequestData] = []
+        cached = CachedRequestData([], set(), [], [])
+        for item in scheduled:
+            request_id = item.request_id
+            lengths = [len(ids) for ids in item.block_ids]
+            sent = self._sent_lengths.get(request_id)
+            self._sent_lengths[request_id] = lengths
+            if sent is None:
+                new.append(NewRequestData(request_id, item.block_ids, item.start))
+                continue
+            appended = tuple(ids[n:] for ids, n in zip(item.block_ids, sent, strict=True))
+            cached.req_ids.append(request_id)
+            cached.new_block_ids.append(appended if any(appended) else None)
+            cached.num_computed_tokens.append(item.start)
+        return new, cached
 
     def _allocate(self, request: Request) -> Literal["ok", "loading", "retry", "full"]:
         """Find hits and allocate blocks for a new request.
@@ -344,6 +374,7 @@ class Scheduler:
 
     def _release(self, request: Request) -> None:
         self.tables.free(request)
+        self._sent_lengths.pop(request.request_id, None)
         del self._requests[request.request_id]
 
     def _on_received(self, request_id: str) -> None:
