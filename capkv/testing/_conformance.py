@@ -159,11 +159,12 @@ def _scenario(
     if options.require_loads and placement in _LOADS_FIRST and empty:
         return ScenarioResult(
             result.layout, result.placement, result.cold_loaded_tokens, loaded, result.warm_prompt_tokens,
-            f"the warm run loaded nothing in group(s) {empty} (tokens loaded per group: {list(loaded)}): the cold "
-            "run offered every prompt to the connector, so a warm request should load its prefix in every group. "
-            "A sliding-window group's hit of L tokens needs the blocks holding tokens L-window+1 .. L-1, which a "
-            "store that saves only when a request finishes no longer has: save blocks as they fill "
-            "(pass require_loads=False for a connector that stores nothing)",
+            f"the warm run loaded nothing in group(s) {empty} (tokens loaded per group: {list(loaded)}), though "
+            "the cold run offered every prompt to the connector. Likely causes: saves still in flight when the "
+            "warm run began (pass before_warm=, e.g. FileStoreConnector.flush); a sliding-window group's hit of L "
+            "tokens needs the blocks holding tokens L-window+1 .. L-1, which a store that saves only when a "
+            "request finishes no longer has (save blocks as they fill); a connector that stores nothing "
+            "(pass require_loads=False)",
         )
     return result
 
