@@ -9,6 +9,7 @@ message and as attributes, so engines can log or react to them structurally.
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "CapabilityError",
     "CapkvError",
     "ConfigError",
@@ -99,3 +100,31 @@ class ContractError(CapkvError):
         super().__init__(message, connector=connector, method=method, group=group, value=value)
         self.position = position
         self.expected = expected
+
+
+class ArgumentError(ConfigError, TypeError):
+    """A public constructor or entry point was given a bad argument.
+
+    Raised in production, not only in dev mode, before anything is built or
+    stored. It is a :class:`ConfigError` (so a ``ValueError``) *and* a
+    ``TypeError``, so callers that catch either builtin for a bad argument —
+    a wrong type or a value out of range — catch it, and ``except CapkvError``
+    catches every refusal at once. :attr:`parameter` names the argument;
+    :attr:`value` holds what was passed.
+    """
+
+    parameter: str | None
+    """The argument at fault, as the signature names it (``num_blocks``, ``groups[1].block_size``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        parameter: str | None = None,
+        connector: str | None = None,
+        method: str | None = None,
+        group: int | None = None,
+        value: object = None,
+    ) -> None:
+        super().__init__(message, connector=connector, method=method, group=group, value=value)
+        self.parameter = parameter

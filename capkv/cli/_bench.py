@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 
+from capkv.cli._numbers import int_at_least
 from capkv.transfer._bench import TransferFigures, measure_transfer
 
 __all__ = ["add_arguments", "run"]
 
+_POSITIVE = int_at_least(1)
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -29,17 +32,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     transfer.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                           help="where the paged KV cache lives (default: cuda when available, else cpu)")
-    transfer.add_argument("--block-sizes", type=int, nargs="+", default=[16, 32, 128], metavar="TOKENS")
-    transfer.add_argument("--layers", type=int, default=8)
-    transfer.add_argument("--kv-heads", type=int, default=8)
-    transfer.add_argument("--head-dim", type=int, default=128)
+    transfer.add_argument("--block-sizes", type=_POSITIVE, nargs="+", default=[16, 32, 128], metavar="TOKENS")
+    transfer.add_argument("--layers", type=_POSITIVE, default=8)
+    transfer.add_argument("--kv-heads", type=_POSITIVE, default=8)
+    transfer.add_argument("--head-dim", type=_POSITIVE, default=128)
     transfer.add_argument("--dtype", choices=sorted(_DTYPES), default="float16")
-    transfer.add_argument("--mib", type=int, default=128, help="MiB moved per call (default: 128)")
-    transfer.add_argument("--rounds", type=int, default=15, help="timed rounds; the median is reported")
+    transfer.add_argument("--mib", type=_POSITIVE, default=128, help="MiB moved per call (default: 128)")
+    transfer.add_argument("--rounds", type=_POSITIVE, default=15, help="timed rounds; the median is reported")
 
 
 def run(args: argparse.Namespace) -> int:
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda.is_available() is False here")
+    except RuntimeError as exc:
+        print(f"capkv bench transfer: error: --device {args.device}: {exc}", file=sys.stderr)
+        return 2
     dtype = _DTYPES[args.dtype]
     print(
         f"capkv bench transfer: {device}, {args.layers} layers x (K, V) x {args.kv_heads} heads x "

@@ -5,31 +5,43 @@ the engine forgets its local prefix cache and poisons its paged KV, and the
 second (warm) run gets its prefixes back through the stack. The reference engine
 checks each loaded block, and each request's KV at finish, bit for bit against
 recomputation. Exit status: 0 verified, 1 a mismatch, 2 a stack or option the
-engine refuses (before serving).
+engine refuses (before serving) or a failure while serving — one line, never a
+traceback.
+
+``--stack`` is a shorthand for a stack file (:mod:`capkv.cli._stack_spec`): its
+names resolve through the registry ``capkv check`` uses, and the stack is built
+and printed by the same code (:mod:`capkv.cli._stack_tree`), with the engine's
+KV spec and the demo's options (``--cpu-blocks`` for ``capacity_blocks``, the
+store directory for ``root``) filling options a connector declares and the
+stack leaves out. ``--import MODULE`` brings a user's connectors in.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from capkv.capabilities._hma import StackNode
+from capkv.cli._check import import_user_module
+from capkv.cli._numbers import int_at_least
 from capkv.cli._progress import Progress, TextStream
-from capkv.cli._stack_spec import build_stack, parse_stack, render_stack
-from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupOffloadConnector
-from capkv.contracts._connector import KVConnector
-from capkv.contracts._spec import KVSpec
+from capkv.cli._stack_spec import parse_stack
+from capkv.cli._stack_tree import Findings, Inspected, inspect_stack, tree_lines
+from capkv.config._build import BuildContext
+from capkv.config._loader import load_stack
+from capkv.config._registry import default_registry
+from capkv.connectors import CPUOffloadConnector, FileStoreConnector
 from capkv.engine import Engine, ModelShape, VerificationError, Workload
 from capkv.engine._stats import EngineStats
 from capkv.errors import CapkvError, ConfigError
@@ -39,63 +51,86 @@ __all__ = ["add_arguments", "run"]
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+_POSITIVE = int_at_least(1)
+_NATURAL = int_at_least(0)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model shape")
-    model.add_argument("--layers", type=int, default=6, help="attention layers (default: 6)")
+    model.add_argument("--layers", type=_POSITIVE, default=6, help="attention layers (default: 6)")
     model.add_argument("--pattern", default="FSS",
                        help="attention kind per layer, repeated: F full, S sliding window (default: FSS)")
-    model.add_argument("--window", type=int, default=128, help="sliding window in tokens (default: 128)")
-    model.add_argument("--kv-heads", type=int, default=4, help="KV heads per layer (default: 4)")
-    model.add_argument("--head-dim", type=int, default=64, help="(default: 64)")
-    model.add_argument("--block-size", type=int, default=16, help="tokens per block (default: 16)")
-    model.add_argument("--sliding-block-size", type=int, default=None,
+    model.add_argument("--window", type=_POSITIVE, default=128, help="sliding window in tokens (default: 128)")
+    model.add_argument("--kv-heads", type=_POSITIVE, default=4, help="KV heads per layer (default: 4)")
+    model.add_argument("--head-dim", type=_POSITIVE, default=64, help="(default: 64)")
+    model.add_argument("--block-size", type=_POSITIVE, default=16, help="tokens per block (default: 16)")
+    model.add_argument("--sliding-block-size", type=_POSITIVE, default=None,
                        help="tokens per block in sliding-window groups (default: --block-size)")
-    model.add_argument("--num-blocks", type=int, default=1024, help="blocks in the paged pool (default: 1024)")
+    model.add_argument("--num-blocks", type=int_at_least(2), default=1024,
+                       help="blocks in the paged pool, the null block included (default: 1024)")
     model.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="(default: bfloat16)")
     stack = parser.add_argument_group("stack")
     stack.add_argument("--stack", default="cpu,file",
                        help="connectors, first loads first: names joined by ',' ; '[...]' nests a stack. "
-                            f"Names: {', '.join(CONNECTORS)} (single: a connector for one KV-cache group). "
+                            "Names resolve as in capkv check: capkv's (cpu, file, single: a connector for one "
+                            "KV-cache group; or their class names), @register_connector names, 'module:Class'. "
                             "(default: cpu,file)")
-    stack.add_argument("--cpu-blocks", type=int, default=2048,
-                       help="blocks the host pool of cpu (and single) holds (default: 2048)")
+    stack.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                       help="import MODULE first, so its @register_connector classes are known (repeatable)")
+    stack.add_argument("--cpu-blocks", type=_POSITIVE, default=2048,
+                       help="capacity_blocks of connectors that declare it and are not given one: the host pool "
+                            "of cpu and single (default: 2048)")
     stack.add_argument("--store-dir", type=Path, default=None,
-                       help="directory of the file store (default: a temporary directory, removed afterwards)")
+                       help="root of connectors that declare it: the file store's directory "
+                            "(default: a temporary directory, removed afterwards)")
     work = parser.add_argument_group("workload")
-    work.add_argument("--requests", type=int, default=32, help="requests per run (default: 32)")
-    work.add_argument("--prefixes", type=int, default=4, help="distinct shared prefixes (default: 4)")
-    work.add_argument("--prefix-len", type=int, default=384, help="tokens in each shared prefix (default: 384)")
-    work.add_argument("--suffix-len", type=int, default=65, help="tokens of each request's own (default: 65)")
-    work.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request (default: 8)")
+    work.add_argument("--requests", type=_POSITIVE, default=32, help="requests per run (default: 32)")
+    work.add_argument("--prefixes", type=_POSITIVE, default=4, help="distinct shared prefixes (default: 4)")
+    work.add_argument("--prefix-len", type=_NATURAL, default=384, help="tokens in each shared prefix (default: 384)")
+    work.add_argument("--suffix-len", type=_NATURAL, default=65, help="tokens of each request's own (default: 65)")
+    work.add_argument("--max-tokens", type=_POSITIVE, default=8, help="tokens generated per request (default: 8)")
     work.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the paged KV cache lives")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=_POSITIVE, default=1,
                         help="torch intra-op threads (default: 1; the demo's many small tensor ops "
                              "only lose time to thread hand-offs, badly so on a busy machine)")
 
 
 def run(args: argparse.Namespace) -> int:
     out = sys.stdout
-    if args.threads < 1:
-        return _fail(ConfigError(f"--threads must be at least 1, got {args.threads}", method="demo", value=args.threads))
-    torch.set_num_threads(args.threads)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # "module:Class" paths resolve like ``python -m``, as in capkv check
     try:
         shape, workload = _shape(args), _workload(args)
-        tree = parse_stack(args.stack)
+        _require_memory(shape)
+        for module in args.imports:
+            import_user_module(module)
+        configured = load_stack(parse_stack(args.stack), registry=default_registry)
     except CapkvError as error:
         return _fail(error)
+    torch.set_num_threads(args.threads)
     with _store_directory(args.store_dir) as directory:
-        try:
-            settings = StackSettings(shape.kv_spec(), directory, args.cpu_blocks)
-            stack = build_stack(tree, {name: functools.partial(make, settings) for name, make in CONNECTORS.items()})
-        except CapkvError as error:
-            return _fail(error)
-        _print_setup(out, shape, workload, stack)
+        context = BuildContext(
+            spec=shape.kv_spec(), defaults={"capacity_blocks": args.cpu_blocks, "root": str(directory)}
+        )
+        findings = Findings()
+        root = inspect_stack(configured, context=context, findings=findings)
+        stack = root.built
+        if findings.problems or findings.errors or stack is None:
+            _print_setup(out, shape, workload, root)
+            reasons = [*findings.problems, *findings.errors, *root.unbuilt_because]
+            return _fail_line(f"refused before serving: {reasons[0] if reasons else 'the stack was not built'}")
+        _print_setup(out, shape, workload, root)
         try:
             engine = Engine(shape, stack)
         except CapkvError as error:
             out.write("\n")
+            _shut_down(stack)
             return _fail(error, "refused before serving")
+        except (RuntimeError, MemoryError) as error:  # torch could not allocate the paged KV cache
+            out.write("\n")
+            _shut_down(stack)
+            return _fail_line(f"refused before serving: cannot allocate the KV cache: {type(error).__name__}: {error}")
         out.write(f"check_stack: ok, the stack serves all {len(shape.groups)} KV-cache groups\n\n")
         try:
             return _serve(out, engine, workload, stack)
@@ -104,32 +139,14 @@ def run(args: argparse.Namespace) -> int:
             return _fail(error, "stopped while serving")
 
 
-@dataclass(frozen=True)
-class StackSettings:
-    """What a connector factory gets: the engine's KV spec and the demo's options for stores."""
-
-    spec: KVSpec
-    store_dir: Path
-    cpu_blocks: int
-
-
-ConnectorFactory = Callable[[StackSettings], KVConnector[Any]]
-
-
-def _cpu(settings: StackSettings) -> KVConnector[Any]:
-    return CPUOffloadConnector(settings.spec, capacity_blocks=settings.cpu_blocks)
-
-
-def _file(settings: StackSettings) -> KVConnector[Any]:
-    return FileStoreConnector(settings.spec, root=settings.store_dir)
-
-
-def _single(settings: StackSettings) -> KVConnector[Any]:
-    return SingleGroupOffloadConnector(settings.spec, capacity_blocks=settings.cpu_blocks)
-
-
-CONNECTORS: dict[str, ConnectorFactory] = {"cpu": _cpu, "file": _file, "single": _single}
-"""The names ``--stack`` knows. Add your own to try your connector in the demo."""
+def _shut_down(stack: object) -> None:
+    """Stop a stack the engine never took (its stores' writer threads)."""
+    try:
+        shutdown = getattr(stack, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+    except Exception:  # noqa: BLE001 - the refusal already being reported is what matters
+        pass
 
 
 # ---- serving ---------------------------------------------------------------------------
@@ -192,7 +209,7 @@ def _serve(out: TextStream, engine: Engine, workload: Workload, stack: object) -
 # ---- presentation -------------------------------------------------------------------------
 
 
-def _print_setup(out: TextStream, shape: ModelShape, workload: Workload, stack: object) -> None:
+def _print_setup(out: TextStream, shape: ModelShape, workload: Workload, root: Inspected) -> None:
     dtype = str(shape.dtype).removeprefix("torch.")
     out.write(
         f"model     {shape.num_layers} layers, pattern {shape.pattern}, {shape.num_kv_heads} KV heads x "
@@ -207,11 +224,12 @@ def _print_setup(out: TextStream, shape: ModelShape, workload: Workload, stack: 
         f"{workload.prefix_len} tokens + {workload.suffix_len} of their own, {workload.max_tokens} generated\n"
     )
     out.write("stack\n")
-    for line in render_stack(stack, _leaf_detail):
+    for line in tree_lines(root, _leaf_detail):
         out.write(f"  {line}\n")
 
 
-def _leaf_detail(leaf: object) -> str:
+def _leaf_detail(node: Inspected) -> str:
+    leaf = node.built
     if isinstance(leaf, FileStoreConnector):
         return str(leaf.root)
     if isinstance(leaf, CPUOffloadConnector):
@@ -282,6 +300,50 @@ def _shape(args: argparse.Namespace) -> ModelShape:
     )
 
 
+def kv_cache_nbytes(shape: ModelShape) -> int:
+    """Bytes of the paged KV cache ``shape`` describes: every layer's tensor."""
+    spec = shape.kv_spec()
+    total = 0
+    for group in spec.groups:
+        elements = 1
+        for size in group.kv_shape or ():
+            elements *= size
+        total += elements * len(group.layer_names)
+    return total * shape.dtype.itemsize
+
+
+def _available_nbytes(device: str) -> int | None:
+    """Memory free for the KV cache on ``device``, when the platform says."""
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info()
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _require_memory(shape: ModelShape) -> None:
+    """Refuse a KV cache that cannot fit, before allocating it (with overcommit, torch may not say)."""
+    needed = kv_cache_nbytes(shape)
+    available = _available_nbytes(shape.device)
+    # The engine keeps a second copy's worth for verification and the stores' host rows: half is a fair bound.
+    if available is not None and 2 * needed > available:
+        raise ConfigError(
+            f"the paged KV cache needs {_bytes(needed)} on {shape.device} ({shape.num_blocks} blocks x "
+            f"{shape.num_layers} layers), more than half of the {_bytes(available)} available; "
+            "lower --num-blocks, --layers, --kv-heads or --head-dim",
+            method="demo", value=needed,
+        )
+
+
 def _workload(args: argparse.Namespace) -> Workload:
     return Workload(
         num_requests=args.requests, num_prefixes=args.prefixes, prefix_len=args.prefix_len,
@@ -302,6 +364,11 @@ def _store_directory(given: Path | None) -> Generator[Path]:
 
 
 def _fail(error: CapkvError | OSError, context: str = "error") -> int:
+    return _fail_line(f"{context}: {type(error).__name__}: {error}")
+
+
+def _fail_line(message: str) -> int:
+    """One line on stderr (whatever a connector's message held), exit status 2."""
     sys.stdout.flush()
-    print(f"capkv demo: {context}: {type(error).__name__}: {error}", file=sys.stderr)
+    print(f"capkv demo: {' '.join(message.split())}", file=sys.stderr)
     return 2

@@ -2,6 +2,12 @@
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``;
 registering one is a line in :data:`SUBCOMMANDS`.
+
+Whatever happens, a command ends with its documented exit status and at most
+one line per problem on stderr — never a traceback: a bad option is one line
+and exit 2 (argparse's usage block is left to ``--help``); an exception that
+escapes a subcommand (a bug, or a user's connector doing something no check
+foresaw) is one line and exit 2; Ctrl-C is one line and exit 130.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import Protocol, cast, runtime_checkable
+from typing import NoReturn, Protocol, cast, runtime_checkable
 
 __all__ = ["SUBCOMMANDS", "main"]
 
@@ -28,16 +34,44 @@ class _Subcommand(Protocol):
     def run(self, args: argparse.Namespace, /) -> int: ...
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``capkv demo: error: ... (see capkv demo --help)``."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stdout.flush()
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``capkv``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="capkv", description="Typed, composable, checked KV-cache connectors.")
+    parser = _Parser(prog="capkv", description="Typed, composable, checked KV-cache connectors.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     handlers: dict[str, _Subcommand] = {}
     for name, (module, help_text) in SUBCOMMANDS.items():
         handlers[name] = cast(_Subcommand, importlib.import_module(module))
         handlers[name].add_arguments(commands.add_parser(name, help=help_text, description=help_text))
-    args = parser.parse_args(argv)
-    return handlers[args.command].run(args)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:  # --help, or a bad option (already reported in one line)
+        return exit.code if isinstance(exit.code, int) else 2
+    prog = f"capkv {args.command}"
+    try:
+        return handlers[args.command].run(args)
+    except KeyboardInterrupt:
+        _one_line(f"{prog}: interrupted")
+        return 130
+    except RecursionError:
+        _one_line(f"{prog}: error: RecursionError: the input is nested too deeply")
+        return 2
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+        text = str(exc)
+        _one_line(f"{prog}: error: {type(exc).__name__}{': ' + text if text else ''}")
+        return 2
+
+
+def _one_line(message: str) -> None:
+    sys.stdout.flush()
+    print(" ".join(message.split()) if "\n" in message else message, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,50 +1,43 @@
-"""Stacks written on the command line: ``cpu,file``, ``cpu,[file,single]``.
+"""Stacks written on the command line: ``cpu,file``, ``cpu,[file,mykv.connectors:MemStore]``.
 
-A comma-separated list is a :class:`~capkv.MultiConnector` of its items (a list
-of one item is the item itself); square brackets nest a stack inside a stack.
-Names are looked up in a table of connector factories, so the grammar knows
-nothing about which connectors exist.
+A shorthand for a configuration file, nothing more: :func:`parse_stack` turns the
+text into the same ``kv_transfer_config`` mapping a stack file holds, and the
+names resolve through the same registry (:mod:`capkv.config`) — capkv's names,
+``@register_connector`` names, entry points, ``"module:Class"`` paths. A
+comma-separated list is a ``MultiConnector`` of its items (a list of one item is
+the item itself); square brackets nest a stack inside a stack.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from capkv.capabilities._hma import StackNode, describe, supports_hma
-from capkv.composite._multi import MultiConnector
-from capkv.contracts._connector import KVConnector
+from capkv.config._loader import MAX_NESTING
 from capkv.errors import ConfigError
 
-__all__ = ["StackTree", "build_stack", "parse_stack", "render_stack"]
+__all__ = ["parse_stack"]
+
+_NAME_CHARS = frozenset("-_.:")
 
 
-
-@dataclass(frozen=True)
-class StackTree:
-    """A connector ``name``, or a stack of ``items`` (first loads first)."""
-
-    name: str = ""
-    items: tuple[StackTree, ...] = ()
-
-Factory = Callable[[], KVConnector[Any]]
-
-
-def parse_stack(text: str) -> StackTree:
-    """Parse ``text`` into a tree; :class:`~capkv.ConfigError` names the position of a syntax error."""
+def parse_stack(text: str) -> dict[str, Any]:
+    """The ``kv_transfer_config`` that ``text`` describes; :class:`~capkv.ConfigError` names the position of a syntax error."""
     tokens = _tokens(text)
-    items, end = _parse_list(tokens, 0, text)
+    items, end = _parse_list(tokens, 0, text, 0)
     if end != len(tokens):
         raise _syntax(text, tokens[end][1], f"unexpected {tokens[end][0]!r}")
-    return items[0] if len(items) == 1 else StackTree(items=tuple(items))
+    return items[0] if len(items) == 1 else _multi(items)
+
+
+def _multi(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": items}}
 
 
 def _tokens(text: str) -> list[tuple[str, int]]:
     tokens: list[tuple[str, int]] = []
     name_start: int | None = None
     for index, char in enumerate(text + ","):
-        if char.isalnum() or char in "-_.":
+        if char.isalnum() or char in _NAME_CHARS:
             if name_start is None:
                 name_start = index
             continue
@@ -60,22 +53,24 @@ def _tokens(text: str) -> list[tuple[str, int]]:
     return tokens
 
 
-def _parse_list(tokens: list[tuple[str, int]], at: int, text: str) -> tuple[list[StackTree], int]:
-    items: list[StackTree] = []
+def _parse_list(tokens: list[tuple[str, int]], at: int, text: str, depth: int) -> tuple[list[dict[str, Any]], int]:
+    items: list[dict[str, Any]] = []
     while True:
         if at == len(tokens):
             raise _syntax(text, len(text), "a connector name or '[' is missing")
         token, position = tokens[at]
         if token == "[":
-            inner, at = _parse_list(tokens, at + 1, text)
+            if depth >= MAX_NESTING:
+                raise _syntax(text, position, f"stacks nest at most {MAX_NESTING} levels deep")
+            inner, at = _parse_list(tokens, at + 1, text, depth + 1)
             if at == len(tokens) or tokens[at][0] != "]":
                 raise _syntax(text, len(text) if at == len(tokens) else tokens[at][1], "']' is missing")
-            items.append(StackTree(items=tuple(inner)))
+            items.append(_multi(inner))
             at += 1
         elif token in ",]":
             raise _syntax(text, position, "a connector name or '[' is missing")
         else:
-            items.append(StackTree(name=token))
+            items.append({"kv_connector": token})
             at += 1
         if at == len(tokens) or tokens[at][0] != ",":
             return items, at
@@ -83,38 +78,7 @@ def _parse_list(tokens: list[tuple[str, int]], at: int, text: str) -> tuple[list
 
 
 def _syntax(text: str, position: int, why: str) -> ConfigError:
+    shown = text if len(text) <= 60 else text[:57] + "..."
     return ConfigError(
-        f"--stack {text!r}: {why} at character {position + 1}", method="parse_stack", value=text
+        f"--stack {shown!r}: {why} at character {position + 1}", method="parse_stack", value=text
     )
-
-
-def build_stack(tree: StackTree, factories: Mapping[str, Factory]) -> KVConnector[Any]:
-    """The connector a tree describes, each name made by its factory."""
-    if not tree.items:
-        factory = factories.get(tree.name)
-        if factory is None:
-            raise ConfigError(
-                f"--stack: unknown connector {tree.name!r} (known: {', '.join(sorted(factories))})",
-                method="build_stack", value=tree.name,
-            )
-        return factory()
-    return MultiConnector(*(build_stack(child, factories) for child in tree.items))
-
-
-def render_stack(connector: object, describe_leaf: Callable[[object], str] = lambda _: "") -> list[str]:
-    """The stack as an indented tree, one line per node, with its HMA capability."""
-    lines: list[str] = []
-
-    def walk(node: object, prefix: str, branch: str, label: str) -> None:
-        hma = "HMA: yes" if supports_hma(node) else "HMA: no "
-        extra = "" if isinstance(node, StackNode) else describe_leaf(node)
-        name = f"{branch}{label}{describe(node)}"
-        lines.append(f"{name:<44} {hma}{'   ' + extra if extra else ''}")
-        if isinstance(node, StackNode):
-            children = node.children
-            for index, child in enumerate(children, start=1):
-                last = index == len(children)
-                walk(child, prefix + ("   " if last else "│  "), prefix + ("└─ " if last else "├─ "), f"#{index} ")
-
-    walk(connector, "", "", "")
-    return lines

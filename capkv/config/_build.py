@@ -2,22 +2,36 @@
 
 Capability is decided from classes (:mod:`capkv.config._loader`); building is only
 needed for what a connector decides per instance: its KV-cache layout, its
-finished count, whether it needs piecewise CUDA graphs. A leaf is built with
-``cls.from_extra_config(extra_config)`` when the class provides that classmethod
-(connectors whose constructor wants engine objects offer a light one there),
-and with ``cls(**extra_config)`` otherwise; pass ``factory`` to decide yourself.
-Composites are built from their built children: ``cls(*children)``.
+finished count, whether it needs piecewise CUDA graphs. One rule builds a leaf,
+for ``capkv check``, ``capkv demo`` and engines alike:
+
+1. its extra config is checked against the options the class declares
+   (:class:`~capkv.config.ConnectorOptions`), and the context's defaults fill
+   declared options the configuration leaves out;
+2. a class whose options say ``takes_spec`` is built as ``cls(spec, **extra)``
+   with the context's :class:`~capkv.KVSpec` (without one it cannot be built);
+3. otherwise ``cls.from_extra_config(extra)`` when the class provides that
+   classmethod (connectors whose constructor wants engine objects offer a light
+   one there), else ``cls(**extra)``.
+
+Pass ``factory`` to decide yourself. Composites are built from their built
+children: ``cls(*children)``. Whatever a connector's own code raises while being
+built — any exception, ``SystemExit`` included — comes back as one
+:class:`~capkv.ConfigError` naming the entry; only ``KeyboardInterrupt`` passes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode
+from capkv.config._options import ConnectorOptions, declared_options
+from capkv.contracts._spec import KVSpec
 from capkv.errors import CapkvError, ConfigError
 
-__all__ = ["FACTORY_HOOK", "ConnectorFactory", "build_connector", "build_stack"]
+__all__ = ["FACTORY_HOOK", "BuildContext", "ConnectorFactory", "build_connector", "build_stack", "call_user_code"]
 
 FACTORY_HOOK = "from_extra_config"
 """Name of the optional classmethod that builds a connector from its extra config."""
@@ -26,29 +40,83 @@ ConnectorFactory = Callable[[ConfiguredConnector], Any]
 """Builds one leaf connector from its configuration."""
 
 
-def build_connector(leaf: ConfiguredConnector) -> Any:
-    """The default factory: ``cls.from_extra_config(extra)`` if defined, else ``cls(**extra)``."""
+@dataclass(frozen=True)
+class BuildContext:
+    """What the builder knows beyond the configuration: the engine's KV cache, and defaults."""
+
+    spec: KVSpec | None = None
+    """The engine's KV cache; connectors whose options say ``takes_spec`` need it."""
+    defaults: Mapping[str, object] = field(default_factory=dict[str, object])
+    """Values for declared options a configuration leaves out (``capkv demo``: ``capacity_blocks``, ``root``)."""
+
+
+def build_connector(leaf: ConfiguredConnector, *, context: BuildContext | None = None) -> Any:
+    """Build one leaf by the module's rule; every failure is one :class:`~capkv.ConfigError`."""
+    context = context or BuildContext()
+    where = f"{leaf.position}: " if leaf.position else ""
+    label = leaf.position or leaf.name
+    options = _declared(leaf, where)
+    extra = dict(leaf.extra_config)
+    if options is not None:
+        extra = {**{k: v for k, v in context.defaults.items() if k in options.options}, **extra}
+        _prefixed(lambda: options.check(extra, connector=f'"{leaf.name}"'), where)
     hook = getattr(leaf.cls, FACTORY_HOOK, None)
-    try:
-        if callable(hook):
-            return hook(dict(leaf.extra_config))
-        return leaf.cls(**leaf.extra_config)
-    except CapkvError:
-        raise
-    except Exception as exc:
-        where = f"{leaf.position}: " if leaf.position else ""
-        how = f"{leaf.cls.__name__}.{FACTORY_HOOK}" if callable(hook) else leaf.cls.__name__
+    if options is not None and options.takes_spec and context.spec is not None:
+        spec = context.spec
+        return call_user_code(lambda: leaf.cls(spec, **extra), f"{where}cannot build \"{leaf.name}\" with "
+                              f"{leaf.cls.__name__}(spec, **kv_connector_extra_config)", label, extra)
+    if callable(hook):
+        return call_user_code(lambda: hook(extra), f'{where}cannot build "{leaf.name}" with '
+                              f"{leaf.cls.__name__}.{FACTORY_HOOK}(kv_connector_extra_config)", label, extra)
+    if options is not None and options.takes_spec:
         raise ConfigError(
-            f'{where}cannot build "{leaf.name}" with {how}(kv_connector_extra_config): '
-            f"{type(exc).__name__}: {exc}",
-            connector=leaf.position or leaf.name,
-            method="build_stack",
-            value=dict(leaf.extra_config),
+            f'{where}"{leaf.name}" is built with the engine\'s KVSpec, which a configuration file does not '
+            "give (its extra config was checked against its declared options)",
+            connector=label, method="build_stack", value=extra,
+        )
+    return call_user_code(lambda: leaf.cls(**extra), f'{where}cannot build "{leaf.name}" with '
+                          f"{leaf.cls.__name__}(kv_connector_extra_config)", label, extra)
+
+
+def call_user_code(make: Callable[[], Any], doing: str, connector: str, value: object, method: str = "build_stack") -> Any:
+    """``make()``; a :class:`~capkv.CapkvError` passes, anything else it raises — ``SystemExit`` and
+    other ``BaseException`` included, but ``KeyboardInterrupt`` — becomes one ``ConfigError`` saying ``doing``."""
+    try:
+        return make()
+    except (CapkvError, KeyboardInterrupt):
+        raise
+    except RecursionError as exc:
+        raise ConfigError(f"{doing}: RecursionError: {exc}", connector=connector, method=method, value=value) from None
+    except BaseException as exc:  # a user's connector: SystemExit must not end capkv quietly
+        text = str(exc)
+        raise ConfigError(
+            f"{doing}: {type(exc).__name__}{': ' + text if text else ''}",
+            connector=connector, method=method, value=value,
         ) from exc
 
 
-def build_stack(node: ConfiguredNode, *, factory: ConnectorFactory = build_connector) -> Any:
+def _declared(leaf: ConfiguredConnector, where: str) -> ConnectorOptions | None:
+    try:
+        return declared_options(leaf.cls)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}", connector=exc.connector, method=exc.method, value=exc.value) from None
+
+
+def _prefixed(check: Callable[[], None], where: str) -> None:
+    try:
+        check()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}", connector=exc.connector, method=exc.method, value=exc.value) from None
+
+
+def build_stack(
+    node: ConfiguredNode, *, factory: ConnectorFactory | None = None, context: BuildContext | None = None
+) -> Any:
     """Construct the connectors of ``node``, leaves first; returns the root connector."""
     if isinstance(node, ConfiguredConnector):
-        return factory(node)
-    return node.cls(*(build_stack(entry, factory=factory) for entry in node.entries))
+        return factory(node) if factory is not None else build_connector(node, context=context)
+    children = [build_stack(entry, factory=factory, context=context) for entry in node.entries]
+    return call_user_code(
+        lambda: node.cls(*children), f'{node.position + ": " if node.position else ""}cannot build "{node.name}"',
+        node.position or node.name, None,
+    )

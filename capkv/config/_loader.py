@@ -40,6 +40,9 @@ __all__ = [
     "read_config_file",
 ]
 
+MAX_NESTING = 32
+"""Stacks nest at most this deep: deeper is refused in one line, not a RecursionError."""
+
 
 @dataclass(frozen=True)
 class ConfiguredConnector:
@@ -133,6 +136,8 @@ def load_stack_file(
 def _parse_json(path: Path, text: str) -> object:
     try:
         return json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read", value=str(path)) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", value=str(path)
@@ -142,6 +147,8 @@ def _parse_json(path: Path, text: str) -> object:
 def _parse_toml(path: Path, text: str) -> object:
     try:
         return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read", value=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}", value=str(path)) from exc
 
@@ -149,6 +156,11 @@ def _parse_toml(path: Path, text: str) -> object:
 def _load(config: object, path: tuple[int, ...], registry: ConnectorRegistry) -> ConfiguredNode:
     position = "#" + ".".join(map(str, path)) if path else ""
     where = f"{position}: " if position else ""
+    if len(path) > MAX_NESTING:
+        raise ConfigError(
+            f"{'#' + '.'.join(map(str, path[:3]))}...: stacks nest at most {MAX_NESTING} levels deep",
+            connector=position, method="load_stack", value=len(path),
+        )
     if not isinstance(config, Mapping):
         raise ConfigError(
             f'{where}a connector entry must be an object with "kv_connector", got {_kind(config)}',

@@ -36,8 +36,12 @@ BUILTIN_CONNECTORS: Mapping[str, str] = {
     "CPUOffloadConnector": "capkv.connectors._cpu_offload:CPUOffloadConnector",
     "FileStoreConnector": "capkv.connectors._file_store:FileStoreConnector",
     "SingleGroupOffloadConnector": "capkv.connectors._single_group:SingleGroupOffloadConnector",
+    "cpu": "capkv.connectors._cpu_offload:CPUOffloadConnector",
+    "file": "capkv.connectors._file_store:FileStoreConnector",
+    "single": "capkv.connectors._single_group:SingleGroupOffloadConnector",
 }
-"""capkv's own connectors, by the names vLLM configurations use (one line per connector)."""
+"""capkv's own connectors, by the names vLLM configurations use (one line per connector),
+and the short names ``capkv demo --stack`` has always used (``cpu,file``)."""
 
 _C = TypeVar("_C", bound=type[Any])
 

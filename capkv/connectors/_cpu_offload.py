@@ -8,12 +8,16 @@ and copies run on a side stream.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
+from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._host_pool import HostPoolIndex
 from capkv.connectors._metadata import BlockMove
 from capkv.connectors._worker import Landing, StoreWorker, StoredWhenCopied, consecutive_runs
+from capkv.contracts._arguments import require_int, require_str
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
@@ -77,14 +81,18 @@ class HostPoolConnector(PrefixStoreConnector):
     Whether it serves several groups is its subclasses' choice.
     """
 
+    extra_config_options: ClassVar[ConnectorOptions] = ConnectorOptions(
+        takes_spec=True,
+        capacity_blocks=Option(int, minimum=1, required=True, help="blocks the host pool holds"),
+        namespace=Option(str, help="separates models that share layer names and shapes"),
+    )
+    """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
+
     def __init__(self, spec: KVSpec, *, capacity_blocks: int, namespace: str = "") -> None:
         name = type(self).__name__
         require_store_spec(spec, name)
-        if capacity_blocks < 1:
-            raise ConfigError(
-                f"{name}: capacity_blocks must be at least 1, got {capacity_blocks!r}",
-                connector=name, method="__init__", value=capacity_blocks,
-            )
+        capacity_blocks = require_int(capacity_blocks, name, "capacity_blocks", minimum=1, connector=name, method="__init__")
+        require_str(namespace, name, "namespace", connector=name, method="__init__")
         self.pool: HostPoolIndex = HostPoolIndex(capacity_blocks)
         """Which blocks the pool holds (scheduler side)."""
         super().__init__(spec, self.pool, HostPoolWorker(spec, capacity_blocks, owner=name), namespace=namespace)

@@ -20,9 +20,11 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
+from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._block_file import (
     HEADER_SIZE,
@@ -36,6 +38,7 @@ from capkv.connectors._block_file import (
 from capkv.connectors._keys import BlockKey
 from capkv.connectors._metadata import BlockMove
 from capkv.connectors._worker import Landing, StoreWorker
+from capkv.contracts._arguments import argument_error, require_callable, require_str
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
@@ -182,6 +185,13 @@ class FileStoreConnector(PrefixStoreConnector):
     hold, fail or observe this connector's writes (tests), and no other's.
     """
 
+    extra_config_options: ClassVar[ConnectorOptions] = ConnectorOptions(
+        takes_spec=True,
+        root=Option(str, required=True, help="the store's directory"),
+        namespace=Option(str, help="separates models that share layer names and shapes"),
+    )
+    """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
+
     def __init__(
         self,
         spec: KVSpec,
@@ -192,6 +202,10 @@ class FileStoreConnector(PrefixStoreConnector):
     ) -> None:
         name = type(self).__name__
         require_store_spec(spec, name)
+        if not isinstance(root, str | os.PathLike) or not os.fspath(root):
+            raise argument_error(name, "root", root, "a directory path (str or os.PathLike)", connector=name, method="__init__")
+        require_str(namespace, name, "namespace", connector=name, method="__init__")
+        require_callable(write_block, name, "write_block", connector=name)
         self.root: Path = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)

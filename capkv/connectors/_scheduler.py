@@ -39,7 +39,8 @@ from capkv.connectors._metadata import BlockMove, SaveReport, StoreMetadata
 from capkv.connectors._step import scheduled_blocks
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVConnectorOutput, TokenRequest
 from capkv.contracts._spec import KVSpec
-from capkv.devmode._blocks import check_block_groups
+from capkv.contracts._token_requests import check_token_request
+from capkv.contracts._block_ids import check_block_groups
 from capkv.errors import ContractError, MetadataError
 
 __all__ = ["StoreIndex", "StoreScheduler"]
@@ -130,6 +131,7 @@ class StoreScheduler:
     def matched_tokens(self, request: TokenRequest, num_computed_tokens: int) -> int:
         """Tokens beyond ``num_computed_tokens`` that every group can load (block-aligned)."""
         method = "get_num_new_matched_tokens"
+        check_token_request(request, connector=self._owner, method=method)
         keys = self._request_keys(request)
         total = len(request.all_token_ids)
         self._check_token_count(num_computed_tokens, total, request.request_id, method, "num_computed_tokens")
@@ -148,6 +150,7 @@ class StoreScheduler:
     def allocated(self, request: TokenRequest, blocks: BlockIds, num_external_tokens: int) -> None:
         """Plan the load of the offered blocks into the engine's newly allocated ``blocks``."""
         method = "update_state_after_alloc"
+        check_token_request(request, connector=self._owner, method=method)
         offer = self._offers.pop(request.request_id, None)
         accepted = self._accepted(request.request_id, offer, num_external_tokens) if num_external_tokens else None
         self._check_block_ids(blocks, method)
@@ -221,6 +224,7 @@ class StoreScheduler:
     def finished(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> bool:
         """Plan the save of a finished request's computed full blocks not saved yet; ``True`` when
         its blocks must be held until those saves have read them."""
+        check_token_request(request, connector=self._owner, method=method)
         request_id = request.request_id
         self._offers.pop(request_id, None)
         live = self._live.pop(request_id, None)

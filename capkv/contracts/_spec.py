@@ -13,10 +13,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from capkv.contracts._arguments import (
+    argument_error,
+    require_device,
+    require_dtype,
+    require_int,
+    require_names,
+    require_optional_int,
+    require_shape,
+)
 from capkv.errors import ConfigError
 
 __all__ = ["KVGroupSpec", "KVSpec"]
@@ -34,6 +43,16 @@ class KVGroupSpec:
     kv_shape: tuple[int, ...] | None = None
     """Shape of each layer's paged KV tensor, the block dimension included."""
 
+    def __post_init__(self) -> None:
+        # Checked whatever the dev-mode switch says: a str of layer names, a bool or a
+        # float block size would be accepted here and misread much later.
+        owner = "KVGroupSpec"
+        _set(self, "layer_names", require_names(self.layer_names, owner, "layer_names"))
+        _set(self, "block_size", require_optional_int(self.block_size, owner, "block_size", minimum=1))
+        _set(self, "sliding_window", require_optional_int(self.sliding_window, owner, "sliding_window", minimum=1))
+        if self.kv_shape is not None:
+            _set(self, "kv_shape", require_shape(self.kv_shape, owner, "kv_shape"))
+
 
 @dataclass(frozen=True, kw_only=True)
 class KVSpec:
@@ -50,22 +69,19 @@ class KVSpec:
     device: torch.device | None = None
 
     def __post_init__(self) -> None:
-        if self.num_groups < 1:
-            raise ConfigError(
-                f"KVSpec: num_groups must be at least 1, got {self.num_groups!r}",
-                method="KVSpec", value=self.num_groups,
-            )
-        if self.num_blocks < 1:
-            raise ConfigError(
-                f"KVSpec: num_blocks must be at least 1, got {self.num_blocks!r}",
-                method="KVSpec", value=self.num_blocks,
-            )
-        if not 0 <= self.null_block_id < self.num_blocks:
-            raise ConfigError(
-                f"KVSpec: null_block_id {self.null_block_id!r} is outside the pool "
-                f"[0, {self.num_blocks})",
-                method="KVSpec", value=self.null_block_id,
-            )
+        owner = "KVSpec"
+        _set(self, "num_groups", require_int(self.num_groups, owner, "num_groups", minimum=1))
+        _set(self, "num_blocks", require_int(self.num_blocks, owner, "num_blocks", minimum=1))
+        _set(self, "null_block_id", require_int(self.null_block_id, owner, "null_block_id", minimum=0, maximum=self.num_blocks - 1))
+        _set(self, "block_dim", require_int(self.block_dim, owner, "block_dim", minimum=0))
+        require_dtype(self.dtype, owner)
+        _set(self, "device", require_device(self.device, owner))
+        if not isinstance(self.groups, tuple | list):
+            raise argument_error(owner, "groups", self.groups, "a tuple of KVGroupSpec, one per group, or ()")
+        _set(self, "groups", tuple(cast("tuple[object, ...]", self.groups)))
+        for index, group in enumerate(cast("tuple[object, ...]", self.groups)):
+            if not isinstance(group, KVGroupSpec):
+                raise argument_error(owner, f"groups[{index}]", group, "a KVGroupSpec", group=index)
         if self.groups and len(self.groups) != self.num_groups:
             raise ConfigError(
                 f"KVSpec: {len(self.groups)} group specs given for num_groups={self.num_groups}",
@@ -120,7 +136,7 @@ class KVSpec:
         """
         groups: Sequence[Any] = getattr(config, "kv_cache_groups", ())
         blocks = num_blocks if num_blocks is not None else getattr(config, "num_blocks", None)
-        if not isinstance(blocks, int):
+        if type(blocks) is not int:
             raise ConfigError(
                 f"KVSpec.from_kv_cache_config: {type(config).__name__} has no int num_blocks "
                 f"(got {blocks!r}); pass num_blocks=",
@@ -172,3 +188,9 @@ class KVSpec:
     def _shared_kv_shape(self) -> tuple[int, ...] | None:
         shapes = {group.kv_shape for group in self.groups}
         return shapes.pop() if len(shapes) == 1 else None
+
+
+def _set(spec: object, name: str, value: object) -> None:
+    """Store a normalised field (a list made a tuple, a device name a device) on a frozen dataclass."""
+    if getattr(spec, name) is not value:
+        object.__setattr__(spec, name, value)

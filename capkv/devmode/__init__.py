@@ -2,8 +2,10 @@
 
 Turn it on with ``CAPKV_DEV=1`` or ``python -X dev`` (never under ``python -O``),
 then wrap the stack once the KV cache is known: ``stack = capkv.instrument(stack, spec)``.
-The checks are also usable directly (:func:`check_block_copy` for copy ops) and
-as beartype hints (:mod:`capkv.devmode._hints`).
+The checks themselves live beside the contracts (``capkv.contracts._block_ids``,
+``_kv_tensors``), since capkv's connectors and copy ops run some of them in
+production too; they are re-exported here, usable directly (:func:`check_block_copy`
+for copy ops) and as beartype hints (:mod:`capkv.devmode._hints`).
 """
 
 # First, before any other capkv module loads: in dev mode, the rest of capkv
@@ -20,7 +22,7 @@ from capkv.devmode._mode import (
 
 check_capkv_types()
 
-from capkv.devmode._blocks import (  # noqa: E402
+from capkv.contracts._block_ids import (  # noqa: E402
     check_block_copies,
     check_block_copy,
     check_block_groups,
@@ -36,7 +38,7 @@ from capkv.devmode._hints import (  # noqa: E402
     single_group_hint,
 )
 from capkv.devmode._instrument import CHECKED_METHODS, Instrumented, instrument  # noqa: E402
-from capkv.devmode._tensors import check_kv_caches, check_kv_tensor  # noqa: E402
+from capkv.contracts._kv_tensors import check_kv_caches, check_kv_tensor  # noqa: E402
 
 __all__ = [
     "CHECKED_METHODS",

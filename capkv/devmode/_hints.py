@@ -19,10 +19,10 @@ from typing import Annotated, cast
 from beartype.vale import Is
 
 from capkv.contracts._spec import KVSpec
-from capkv.devmode._blocks import check_block_copies, check_block_groups, check_block_ids
-from capkv.devmode._message import contract_error
-from capkv.devmode._scan import all_valid
-from capkv.devmode._tensors import check_kv_caches, check_kv_tensor
+from capkv.contracts._block_ids import check_block_copies, check_block_groups, check_block_ids
+from capkv.contracts._violation import contract_error
+from capkv.contracts._id_scan import all_valid
+from capkv.contracts._kv_tensors import check_kv_caches, check_kv_tensor
 
 __all__ = [
     "block_copy_hint",

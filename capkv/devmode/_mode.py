@@ -32,6 +32,17 @@ ENV_VAR = "CAPKV_DEV"
 
 _OFF_VALUES = frozenset({"0", "false", "no", "off"})
 
+_UNCHECKED = (
+    "capkv.devmode",
+    "capkv.testing",
+    "capkv.contracts._arguments",
+    "capkv.contracts._block_ids",
+    "capkv.contracts._id_scan",
+    "capkv.contracts._kv_tensors",
+    "capkv.contracts._violation",
+)
+"""Modules left out of dev mode's beartype: validators that check every element of what they get."""
+
 _override: bool | None = None
 _types_checked = False
 
@@ -87,10 +98,10 @@ def check_capkv_types() -> None:
     Type-hint violations in calls into capkv then raise :class:`~capkv.ContractError`,
     like every other dev-mode contract. Modules imported before this call are left as
     they are, so it must run before capkv imports its submodules. ``capkv.devmode``
-    itself is skipped: its checks take ``object`` and judge every element
-    themselves, and beartype around them would only slow down every checked call.
-    ``capkv.testing`` is skipped too: its fakes answer whatever a test sets, wrong
-    types included, so that the checks under test are the ones that catch them.
+    itself and the contract validators (:data:`_UNCHECKED`) are skipped: they take
+    ``object`` and judge every element themselves, and beartype around them would only
+    slow down every checked call. ``capkv.testing`` is skipped too: its fakes answer
+    whatever a test sets, wrong types included, so that the checks under test catch them.
     """
     global _types_checked
     if _types_checked or not enabled():
@@ -100,6 +111,6 @@ def check_capkv_types() -> None:
 
     from capkv.errors import ContractError
 
-    conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=("capkv.devmode", "capkv.testing"))
+    conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=_UNCHECKED)
     beartype_package("capkv", conf=conf)
     _types_checked = True

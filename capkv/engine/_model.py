@@ -15,6 +15,7 @@ from functools import cached_property
 
 import torch
 
+from capkv.contracts._arguments import argument_error, require_dtype, require_int, require_optional_int
 from capkv.contracts._spec import KVGroupSpec, KVSpec
 from capkv.errors import ConfigError
 
@@ -64,18 +65,16 @@ class ModelShape:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        positive = {
-            "num_layers": self.num_layers,
-            "sliding_window": self.sliding_window,
-            "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "block_size": self.block_size,
-            "sliding_block_size": self.sliding_block_size or 1,
-            "num_blocks - 1": self.num_blocks - 1,
-        }
-        for name, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"ModelShape: {name} must be at least 1, got {value}", method="ModelShape", value=value)
+        owner = "ModelShape"
+        for name in ("num_layers", "sliding_window", "num_kv_heads", "head_dim", "block_size"):
+            require_int(getattr(self, name), owner, name, minimum=1)
+        require_optional_int(self.sliding_block_size, owner, "sliding_block_size", minimum=1)
+        require_int(self.num_blocks, owner, "num_blocks", minimum=2)  # the null block and one more
+        require_dtype(self.dtype, owner, optional=False)
+        if self.device not in ("cpu", "cuda") and not (isinstance(self.device, str) and self.device.startswith("cuda:")):
+            raise argument_error(owner, "device", self.device, '"cpu", "cuda" or "cuda:N"')
+        if not isinstance(self.pattern, str):
+            raise argument_error(owner, "pattern", self.pattern, f"a str of {FULL!r} and {SLIDING!r}")
         if not self.pattern or set(self.pattern) - {FULL, SLIDING}:
             raise ConfigError(
                 f"ModelShape: pattern must be a non-empty string of {FULL!r} (full) and {SLIDING!r} "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from capkv.contracts._arguments import require_int
 from capkv.engine._request import Request
 from capkv.errors import ConfigError
 
@@ -30,8 +31,10 @@ class Workload:
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "num_prefixes", "max_tokens", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"Workload: {name} must be at least 1", method="Workload", value=getattr(self, name))
+            require_int(getattr(self, name), "Workload", name, minimum=1)
+        for name in ("prefix_len", "suffix_len"):
+            require_int(getattr(self, name), "Workload", name, minimum=0)
+        require_int(self.seed, "Workload", "seed")
         if self.prefix_len < 0 or self.suffix_len < 0 or self.prefix_len + self.suffix_len < 1:
             raise ConfigError(
                 "Workload: prefix_len and suffix_len must be >= 0 and not both 0",

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from capkv.contracts._spec import KVSpec
-from capkv.devmode._blocks import check_pool_ids
+from capkv.contracts._block_ids import check_pool_ids
 from capkv.errors import ConfigError, ContractError
 from capkv.transfer._cpu import CpuCopies
 from capkv.transfer._cuda import DEFAULT_STAGING_BYTES, CudaCopies
@@ -104,7 +104,7 @@ class BlockCopier:
 
     def _ids(self, runs: GroupRuns, block_ids: Sequence[int], method: str, *, unique: bool) -> torch.Tensor | None:
         """``block_ids`` as an index tensor, checked by the one block-id rule capkv has
-        (:func:`capkv.devmode._blocks.check_pool_ids`): exact ints in the pool; a gather may read
+        (:func:`capkv.contracts._block_ids.check_pool_ids`): exact ints in the pool; a gather may read
         a block twice, a scatter may not write one twice (two rows into one block race)."""
         if not block_ids:
             return None

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from capkv.contracts._arguments import argument_error
+from capkv.contracts._kv_tensors import check_kv_cache_types
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.transfer._runs import LayerRuns, layer_runs, widest_word
@@ -106,6 +108,9 @@ class KVLayout:
     __slots__ = ("device", "groups", "spec")
 
     def __init__(self, spec: KVSpec, kv_caches: Mapping[str, torch.Tensor], *, owner: str) -> None:
+        if not isinstance(spec, KVSpec):
+            raise argument_error(owner, "spec", spec, "a capkv.KVSpec", connector=owner, method="register_kv_caches")
+        kv_caches = check_kv_cache_types(kv_caches, connector=owner, method="register_kv_caches", spec=spec)
         if len(spec.groups) != spec.num_groups:
             raise ConfigError(
                 f"{owner}: the spec must describe each of its {spec.num_groups} groups (layer names, "

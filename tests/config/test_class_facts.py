@@ -29,8 +29,8 @@ kv_connector_extra_config = { capacity_blocks = 4096 }
 [[kv_connector_extra_config.connectors]]
 kv_connector = "MultiConnector"
 kv_connector_extra_config.connectors = [
-  { kv_connector = "FileStoreConnector" },
-  { kv_connector = "SingleGroupOffloadConnector" },
+  { kv_connector = "FileStoreConnector", kv_connector_extra_config = { root = "/var/cache/kv" } },
+  { kv_connector = "SingleGroupOffloadConnector", kv_connector_extra_config = { capacity_blocks = 1024 } },
 ]
 """
 
@@ -116,7 +116,8 @@ def test_reference_stack_has_every_fact_and_serves_one_group(tmp_path: Path, cap
 
 def test_reference_stack_facts_with_classes_only_and_two_groups(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = check_toml(tmp_path, README_STACK, "--classes-only", capsys=capsys)
-    assert status == 0 and "?" not in out and out.splitlines()[-1].endswith("(classes only)")
+    assert status == 0 and "?" not in "\n".join(out.splitlines()[:-1])
+    assert out.splitlines()[-1].startswith("ok for 1 KV-cache group (classes only); not for 2 or more: ")
     status, out, err = check_toml(tmp_path, README_STACK, "--groups", "2", capsys=capsys)
     assert status == 1 and "?" not in out
     assert err.splitlines() == [
@@ -171,7 +172,11 @@ def test_instance_answers_fill_in_beside_class_answers(tmp_path: Path, capsys: p
     status, out, err = check(tmp_path, config, capsys=capsys)
     assert (status, err) == (0, "")
     assert out.splitlines()[0].startswith("MultiConnector  ") and "layout: HND  piecewise cudagraph: yes" in out.splitlines()[0]
-    assert out.splitlines()[-1] == "ok: the stack can serve 1 KV-cache group (#1 not built from extra config: facts from their classes)"
+    assert out.splitlines()[-1] == (
+        "ok for 1 KV-cache group (#1 not built from extra config: facts from their classes); not for 2 or more: "
+        '"MultiConnector" cannot serve 2 KV-cache groups: sub-connector #2 "DiskConnector" does not implement '
+        "SupportsHMA (missing request_finished_all_groups); an HMA stack needs every child to"
+    )
 
 
 def test_a_conflict_among_known_children_is_found_beside_an_unknown_one(

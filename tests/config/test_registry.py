@@ -82,7 +82,7 @@ def test_entry_points_are_read_once_and_lose_to_registered_names(monkeypatch: py
 @pytest.mark.parametrize(
     ("name", "module_path", "message"),
     [
-        ("Nope", None, r'unknown connector "Nope" \(registered: CPUOffloadConnector, FileStoreConnector, MultiConnector, SingleGroupOffloadConnector; or give a "module:Class" path\)'),
+        ("Nope", None, r'unknown connector "Nope" \(registered: CPUOffloadConnector, FileStoreConnector, MultiConnector, SingleGroupOffloadConnector, cpu, file, single; or give a "module:Class" path\)'),
         ("no.such.module:Disk", None, r'cannot import module "no.such.module" for connector "no.such.module:Disk"'),
         (f"{SAMPLES}:Missing", None, rf'module "{SAMPLES}" has no attribute "Missing"'),
         ("Missing", SAMPLES, rf'module "{SAMPLES}" has no attribute "Missing"'),

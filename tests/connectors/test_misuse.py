@@ -91,7 +91,7 @@ def test_a_spec_that_cannot_key_or_size_blocks(spec: KVSpec, match: str, tmp_pat
 
 
 def test_bad_capacity_and_bad_directory(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="capacity_blocks must be at least 1, got 0"):
+    with pytest.raises(ConfigError, match="capacity_blocks must be an int >= 1, got 0"):
         CPUOffloadConnector(SPEC, capacity_blocks=0)
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import capkv
 from capkv import ContractError, KVSpec, instrument
-from capkv.devmode import _scan as scan
+from capkv.contracts import _id_scan as scan
 from tests.devmode.strategies import Fault, Pool, faulty_groups, malformed_groups, pools, valid_groups
 from tests.fakes import HMA, Plain, Req
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from capkv import BlockIds, KVConnectorBase, KVSpec, KVTransferParams, LoadErrors
+from capkv.config import ConnectorOptions, Option
 from capkv.engine import Request, SchedulerOutput
 
 Key = tuple[int, tuple[int, ...]]
@@ -37,6 +38,8 @@ class Meta:
 
 
 class BlockStore(KVConnectorBase[Request]):
+    extra_config_options = ConnectorOptions(takes_spec=True, save=Option(str, choices=("layer", "finish")),
+                                            load_async=Option(bool))
     """An HMA-capable store of blocks in host memory."""
 
     def __init__(self, spec: KVSpec, *, save: str = "layer", load_async: bool = False) -> None:

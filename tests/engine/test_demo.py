@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from capkv.cli import _demo as demo
+from capkv import KVSpec
 from capkv.cli._main import main
 from capkv.engine import EngineStats
 from tests.engine.connectors import BlockStore, OffByOne
@@ -20,9 +20,9 @@ SMALL = ["--requests", "6", "--prefixes", "2", "--prefix-len", "64", "--suffix-l
 def test_default_stack_round_trips_bit_exact(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", *SMALL]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"HMAMultiConnector +HMA: yes", out)
-    assert re.search(r"├─ #1 CPUOffloadConnector +HMA: yes", out)
-    assert re.search(r"└─ #2 FileStoreConnector +HMA: yes", out)
+    assert re.search(r"MultiConnector +HMA: yes", out)
+    assert re.search(r'├─ #1 CPUOffloadConnector \("cpu"\) +HMA: yes', out)
+    assert re.search(r'└─ #2 FileStoreConnector \("file"\) +HMA: yes', out)
     assert "check_stack: ok, the stack serves all 3 KV-cache groups" in out
     # Not a terminal: one progress line per quarter, each run ending at 6/6.
     assert re.search(r"cold +\[#+\] 6/6 requests", out) and re.search(r"warm +\[#+\] 6/6 requests", out)
@@ -42,21 +42,15 @@ def test_a_single_group_connector_is_refused_before_serving(capsys: pytest.Captu
     assert main(["demo", *SMALL, "--stack", "cpu,[file,single]"]) == 2
     captured = capsys.readouterr()
     assert re.search(r"└─ #2 MultiConnector +HMA: no", captured.out)
-    assert re.search(r"└─ #2 SingleGroupOffloadConnector +HMA: no", captured.out)
+    assert re.search(r'└─ #2.2 SingleGroupOffloadConnector \("single"\) +HMA: no', captured.out)
     assert "serving" not in captured.out
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
     assert captured.err.startswith("capkv demo: refused before serving: CapabilityError:")
     assert 'sub-connector #2.2 "SingleGroupOffloadConnector" does not implement SupportsHMA' in captured.err
 
 
-def test_a_corrupting_connector_fails_verification(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def off_by_one(settings: demo.StackSettings) -> OffByOne:
-        return OffByOne(settings.spec)
-
-    monkeypatch.setitem(demo.CONNECTORS, "offbyone", off_by_one)
-    assert main(["demo", *SMALL, "--stack", "offbyone"]) == 1
+def test_a_corrupting_connector_fails_verification(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *SMALL, "--stack", f"{OffByOne.__module__}:OffByOne"]) == 1
     out = capsys.readouterr().out
     assert re.search(
         r"^verified: MISMATCH: request warm-0, group 0, layer layers\.0\.attn, block \d+ \(#1 of its table\), "
@@ -72,7 +66,7 @@ def test_a_corrupting_connector_fails_verification(
         ("cpu,[file", "']' is missing at character 10"),
         ("cpu,,file", "a connector name or '[' is missing at character 5"),
         ("cpu;file", "unexpected ';' at character 4"),
-        ("cpu,tape", "unknown connector 'tape' (known: cpu, file, single"),
+        ("cpu,tape", '#2: unknown connector "tape" (registered: '),
     ],
 )
 def test_bad_stacks_are_one_line_errors(stack: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,29 +86,34 @@ def test_the_file_store_alone_serves_the_warm_run(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     # Its background writes are flushed between the runs, so every saved block is a hit.
     assert re.search(r"prefix-hit tokens, group 0 \(full\) +\S+ \+ \S+ +0 \+ 480$", out, re.MULTILINE), out
-    temporary = re.search(r"FileStoreConnector +HMA: yes +(\S+)", out)
+    temporary = re.search(r"FileStoreConnector .*finished count: default +(\S+)", out)
     assert temporary is not None and not Path(temporary.group(1)).exists()
     assert main(["demo", *SMALL, "--stack", "file", "--store-dir", str(tmp_path / "store")]) == 0
     assert any((tmp_path / "store").iterdir())  # a given directory is kept
 
 
-def test_bytes_saved_come_from_the_stacks_statistics(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    class ReportsBytes(BlockStore):
-        """Reports, per step, the bytes its layer-by-layer saves copied since the last call."""
+class ReportsBytes(BlockStore):
+    """Reports, per step, the bytes its layer-by-layer saves copied since the last call."""
 
-        reported = 0
+    reported = 0
+    made: list[ReportsBytes] = []
 
-        def get_kv_connector_stats(self) -> object:
-            block_bytes = 16 * 1 * 8 * 2 * 2  # tokens x heads x head_dim x (K, V) x bfloat16
-            saved = self.saved_blocks * block_bytes - self.reported
-            self.reported += saved
-            return {"saved_bytes": saved}
+    def __init__(self, spec: KVSpec) -> None:
+        super().__init__(spec)
+        ReportsBytes.made.append(self)
 
-    stores: list[ReportsBytes] = []
-    monkeypatch.setitem(demo.CONNECTORS, "bytes", lambda settings: stores.append(ReportsBytes(settings.spec)) or stores[-1])
-    assert main(["demo", *SMALL, "--stack", "bytes,bytes"]) == 0
+    def get_kv_connector_stats(self) -> object:
+        block_bytes = 16 * 1 * 8 * 2 * 2  # tokens x heads x head_dim x (K, V) x bfloat16
+        saved = self.saved_blocks * block_bytes - self.reported
+        self.reported += saved
+        return {"saved_bytes": saved}
+
+
+def test_bytes_saved_come_from_the_stacks_statistics(capsys: pytest.CaptureFixture[str]) -> None:
+    ReportsBytes.made.clear()
+    stores = ReportsBytes.made
+    name = f"{__name__}:ReportsBytes"
+    assert main(["demo", *SMALL, "--stack", f"{name},{name}"]) == 0
     out = capsys.readouterr().out
     row = re.search(r"^  bytes saved +(\S+ \S+) +(\S+ \S+)$", out, re.MULTILINE)
     assert row is not None, out

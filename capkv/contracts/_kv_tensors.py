@@ -15,10 +15,10 @@ from typing import cast
 import torch
 
 from capkv.contracts._spec import KVSpec
-from capkv.devmode._message import contract_error
+from capkv.contracts._violation import contract_error
 from capkv.errors import ContractError
 
-__all__ = ["check_kv_caches", "check_kv_tensor"]
+__all__ = ["check_kv_cache_types", "check_kv_caches", "check_kv_tensor"]
 
 
 def check_kv_tensor(
@@ -62,6 +62,36 @@ def check_kv_tensor(
             )
 
 
+def check_kv_cache_types(
+    kv_caches: object, *, connector: str, method: str, spec: KVSpec | None = None
+) -> Mapping[str, torch.Tensor]:
+    """``kv_caches`` when it is a mapping of layer names (``str``) to ``torch.Tensor`` values.
+
+    What every connector needs before reading anything else from it, so it runs
+    in production too (``register_kv_caches`` of capkv's stores): ``None``, a list
+    of tensors or a numpy array is a :class:`~capkv.ContractError` naming the
+    connector and the value, not an ``AttributeError`` deep inside a copy.
+    """
+    if not isinstance(kv_caches, Mapping):
+        raise contract_error(
+            connector, method, "kv_caches", value=kv_caches, problem=f"is a {type(kv_caches).__name__}",
+            expected="a dict of KV tensors by layer name",
+        )
+    tensors = cast("Mapping[object, object]", kv_caches)
+    for name, tensor in tensors.items():
+        if not isinstance(name, str):
+            raise contract_error(
+                connector, method, "kv_caches", value=name, problem=f"is a {type(name).__name__} key",
+                expected="layer names (str) as keys",
+            )
+        if not isinstance(tensor, torch.Tensor):
+            raise contract_error(
+                connector, method, f"kv_caches[{name!r}]", value=tensor, problem=f"is a {type(tensor).__name__}",
+                expected="a torch.Tensor", group=None if spec is None else spec.layer_groups.get(name),
+            )
+    return cast("Mapping[str, torch.Tensor]", tensors)
+
+
 def check_kv_caches(
     spec: KVSpec, kv_caches: object, *, connector: str, method: str
 ) -> None:
@@ -70,19 +100,9 @@ def check_kv_caches(
     A missing layer would otherwise surface later and far away — when a copy
     first touches it — or never, as a layer whose KV is silently not moved.
     """
-    if not isinstance(kv_caches, Mapping):
-        raise contract_error(
-            connector, method, "kv_caches", value=kv_caches, problem=f"is a {type(kv_caches).__name__}",
-            expected="a dict of KV tensors by layer name",
-        )
-    tensors = cast("Mapping[object, object]", kv_caches)
+    tensors = check_kv_cache_types(kv_caches, connector=connector, method=method, spec=spec)
     layers = spec.layer_groups
     for name, tensor in tensors.items():
-        if not isinstance(name, str):
-            raise contract_error(
-                connector, method, "kv_caches", value=name, problem=f"is a {type(name).__name__} key",
-                expected="layer names (str) as keys",
-            )
         if layers and name not in layers:
             raise _unknown_layer(spec, name, connector, method, "kv_caches")
         check_kv_tensor(spec, name, tensor, connector=connector, method=method, subject=f"kv_caches[{name!r}]")

@@ -17,6 +17,8 @@ record is the sign byte, so ``isascii()`` over that column says no id is negativ
 
 What is left — the upper bound and repeats — is a ``set`` and a ``max`` per
 group, or, for many ids, a few vectorised torch operations over the same bytes.
+Memory follows the ids checked, never the pool size: a pool of 2**31 blocks
+costs no more to check than one of 2,048.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BadId", "all_valid", "expected_id", "first_bad_id"]
 
@@ -37,6 +40,11 @@ WALK_BELOW = 32
 """Below this many ids in all, a Python walk is faster than the whole-list builtins."""
 VECTOR_THRESHOLD = 2048
 """Total ids from which :func:`all_valid` hands range and repeat checks to torch."""
+
+SCRATCH_PER_ID = 16
+SCRATCH_MIN = 1 << 16
+"""The repeat check scatters into a buffer of one slot per possible key only while that buffer has
+at most ``SCRATCH_PER_ID`` slots per id checked (plus ``SCRATCH_MIN``); beyond, it sorts the ids."""
 
 _TUPLE = ord("(")
 _LIST = ord("[")
@@ -107,6 +115,8 @@ class _Scratch(threading.local):
     buffer: torch.Tensor | None = None
 
     def get(self, size: int) -> torch.Tensor:
+        import torch
+
         if self.buffer is None or self.buffer.numel() < size:
             self.buffer = torch.empty(size, dtype=torch.int32)
         return self.buffer
@@ -123,6 +133,8 @@ def _vector_valid(codes: bytes, num_groups: int, num_blocks: int, repeatable: in
     unchanged exactly when no key repeats. Group headers and the null block are
     sent to one throw-away slot past the real keys, and not read back.
     """
+    import torch  # only for many ids: light imports stay light
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: we only read it
         records = torch.frombuffer(codes, dtype=torch.uint8, offset=_HEADER).view(-1, _HEADER)
@@ -143,6 +155,12 @@ def _vector_valid(codes: bytes, num_groups: int, num_blocks: int, repeatable: in
         keys = (is_header.cumsum(0) - 1) * num_blocks + values
     if skip is not None:
         keys = keys.masked_fill(skip, throwaway)
+    if throwaway + 1 > SCRATCH_PER_ID * keys.numel() + SCRATCH_MIN:
+        # A pool far larger than the ids given (2**31 blocks: 8 GiB per group): sort the ids
+        # instead, so memory follows the ids, never the pool.
+        real = keys if skip is None else keys[~skip]
+        ordered = torch.sort(real).values
+        return not bool((ordered[1:] == ordered[:-1]).any())
     positions = torch.arange(keys.numel(), dtype=torch.int32)
     buffer = _scratch.get(throwaway + 1)
     buffer.scatter_(0, keys, positions)

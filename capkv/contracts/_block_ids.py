@@ -6,7 +6,7 @@ only the null block, which sliding-window groups put where blocks left the
 window. A block copy pairs source and destination ids one to one and never
 writes one destination twice. Each check raises :class:`~capkv.ContractError`
 naming the connector, the method, the group, the position, the value and the
-rule; valid input is decided by whole-list builtins (:mod:`capkv.devmode._scan`).
+rule; valid input is decided by whole-list builtins (:mod:`capkv.contracts._id_scan`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import cast
 
 from capkv.contracts._engine import BlockIds
 from capkv.contracts._spec import KVSpec
-from capkv.devmode._message import contract_error
-from capkv.devmode._scan import all_valid, first_bad_id
+from capkv.contracts._violation import contract_error
+from capkv.contracts._id_scan import all_valid, first_bad_id
 
 __all__ = [
     "check_block_copies", "check_block_copy", "check_block_groups", "check_block_ids", "check_pool_ids",
