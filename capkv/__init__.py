@@ -46,7 +46,9 @@ from capkv.errors import (
     ConfigError,
     ConflictError,
     ContractError,
+    FinishError,
     MetadataError,
+    SubConnectorError,
 )
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "ContractError",
+    "FinishError",
     "HMAConnector",
     "HMAMultiConnector",
     "KVCacheConfigLike",
@@ -74,6 +77,7 @@ __all__ = [
     "NonHMAChild",
     "Request",
     "StackNode",
+    "SubConnectorError",
     "SupportsHMA",
     "TokenRequest",
     "WorkerMetadata",

@@ -15,7 +15,9 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "ContractError",
+    "FinishError",
     "MetadataError",
+    "SubConnectorError",
 ]
 
 
@@ -46,6 +48,18 @@ class CapkvError(Exception):
         self.group = group
         self.value = value
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross process boundaries (engines run workers in other processes):
+        # keep every field, also the required ones of subclasses.
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
+
+
+def _restore(cls: type[CapkvError], args: tuple[object, ...], state: dict[str, object]) -> CapkvError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class CapabilityError(CapkvError):
     """A connector (or a child of a stack) lacks a capability the engine needs.
@@ -60,11 +74,6 @@ class ConflictError(CapkvError):
 
     KV-cache layouts, finished counts, memory pools, or ``kv_transfer_params`` keys.
     """
-
-    delay_free: bool | None = None
-    """Raised while finishing a request: whether a child had already accepted an
-    asynchronous save, so the engine must keep the request's blocks until it is
-    reported in ``finished_sending`` (``None`` elsewhere)."""
 
 
 class ConfigError(CapkvError, ValueError):
@@ -128,3 +137,65 @@ class ArgumentError(ConfigError, TypeError):
     ) -> None:
         super().__init__(message, connector=connector, method=method, group=group, value=value)
         self.parameter = parameter
+
+
+class SubConnectorError(CapkvError):
+    """Sub-connectors of a stack failed during a call that still reached every child.
+
+    A composite calls every child even when one raises (a child left uncalled
+    would never save, load or release what it holds), keeps what the others
+    handed over, and then raises this one error. ``exceptions`` holds each
+    failing child's exception (or capkv's :class:`ContractError` about its
+    answer), in stack order; ``connector`` names those children. The message
+    says where the other children's results went: returned by the next call of
+    the same method, or attached as :attr:`partial`.
+    """
+
+    exceptions: tuple[Exception, ...]
+    """The children's exceptions, in stack order."""
+    partial: object
+    """What the call built from the other children, for calls whose result cannot wait
+    for the next call (``build_connector_meta``: ship it as this step's metadata);
+    ``None`` otherwise."""
+
+    def __init__(
+        self,
+        message: str,
+        exceptions: tuple[Exception, ...],
+        *,
+        connector: str | None = None,
+        method: str | None = None,
+        partial: object = None,
+    ) -> None:
+        super().__init__(message, connector=connector, method=method, value=exceptions)
+        self.exceptions = exceptions
+        self.partial = partial
+
+
+class FinishError(SubConnectorError):
+    """Finishing a request failed in a stack; :attr:`delay_free` says what to do with its blocks.
+
+    ``delay_free=True``: some child had already accepted an asynchronous save of
+    the request, so the engine must keep its blocks until the request comes
+    back in ``finished_sending`` (the stack waits for exactly those children).
+    ``delay_free=False``: no child is reading the blocks; free them.
+    """
+
+    delay_free: bool
+    """Whether the engine must keep the request's blocks (required: never guessed)."""
+    kv_transfer_params: dict[str, object] | None
+    """The transfer parameters the children returned, merged (first one wins a clash)."""
+
+    def __init__(
+        self,
+        message: str,
+        exceptions: tuple[Exception, ...],
+        *,
+        delay_free: bool,
+        kv_transfer_params: dict[str, object] | None = None,
+        connector: str | None = None,
+        method: str | None = None,
+    ) -> None:
+        super().__init__(message, exceptions, connector=connector, method=method)
+        self.delay_free = delay_free
+        self.kv_transfer_params = kv_transfer_params

@@ -10,6 +10,8 @@ import torch
 from capkv import (
     ConflictError,
     ContractError,
+    FinishError,
+    SubConnectorError,
     KVConnectorOutput,
     MetadataError,
     MultiConnector,
@@ -60,20 +62,25 @@ def test_none_from_any_child_means_ask_again_and_forgets_the_choice() -> None:
     assert stack.get_num_new_matched_tokens(R, 0) == (16, False)
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "16", True])
+@pytest.mark.parametrize("bad", [-1, 1.5, "16", True, False])
 def test_a_childs_hit_must_be_a_token_count(bad: object) -> None:
     a, b = HMA("a"), HMA("b", hit=bad)  # type: ignore[arg-type]
-    with pytest.raises(ContractError, match=r"#2 HMA.get_num_new_matched_tokens returned .* tokens for 'r1'"):
+    with pytest.raises(SubConnectorError, match=r"#2 HMA.get_num_new_matched_tokens returned tuple") as info:
         MultiConnector(a, b).get_num_new_matched_tokens(R, 0)
+    (error,) = info.value.exceptions
+    assert isinstance(error, ContractError)
+    assert (error.connector, error.method, error.value) == ("#2 HMA", "get_num_new_matched_tokens", (bad, False))
 
 
 def test_finish_errors_say_whether_to_keep_the_blocks() -> None:
     a, b = HMA("a"), HMA("b")
     a.delay_free = True
     a.params, b.params = {"host": "x"}, {"host": "y"}
-    with pytest.raises(ConflictError) as clash:
+    with pytest.raises(FinishError) as clash:
         MultiConnector(a, b).request_finished_all_groups(R, ([1],))
     assert clash.value.delay_free is True
+    assert isinstance(clash.value.exceptions[0], ConflictError)
+    assert clash.value.kv_transfer_params == {"host": "x"}, "the first child's params are kept"
 
     c, d = HMA("c"), HMA("d")
     c.delay_free = True
@@ -82,9 +89,16 @@ def test_finish_errors_say_whether_to_keep_the_blocks() -> None:
         raise OSError("disk gone")
 
     d.request_finished_all_groups = broken  # type: ignore[method-assign]
-    with pytest.raises(OSError) as failure:
+    with pytest.raises(FinishError, match=r"keep its blocks \(delay_free=True\): #1 HMA accepted") as failure:
         MultiConnector(c, d).request_finished_all_groups(R, ([1],))
-    assert any("had already accepted an asynchronous save of 'r1'; keep its blocks" in n for n in failure.value.__notes__)
+    assert failure.value.delay_free is True
+    assert isinstance(failure.value.exceptions[0], OSError) and failure.value.connector == "#2 HMA"
+    c.delay_free = False
+    d2 = HMA("d2")
+    d2.request_finished_all_groups = broken  # type: ignore[method-assign]
+    with pytest.raises(FinishError, match=r"its blocks may be freed \(delay_free=False\)") as nobody:
+        MultiConnector(c, d2).request_finished_all_groups(R, ([1],))
+    assert nobody.value.delay_free is False
 
 
 def test_one_connector_cannot_sit_at_two_places() -> None:
@@ -126,7 +140,7 @@ def test_send_finishes_only_after_every_async_saver_reports(method: str) -> None
     c.finished = ({"r1"}, None)
     assert step(stack) == ({"r1"}, None)
     c.finished = ({"r1"}, None)
-    assert step(stack) == ({"r1"}, None), "a request with one saver owes nothing extra"
+    assert step(stack) == (None, None), "a report after the stack reported r1 is dropped"
 
 
 def test_two_savers_reporting_in_the_same_step_finish_once() -> None:
@@ -165,9 +179,12 @@ def test_a_transfer_params_key_clash_is_an_error_that_keeps_the_save_count() -> 
     a.params, b.params = {"host": "x"}, {"host": "y"}
     a.delay_free = b.delay_free = True
     stack = MultiConnector(a, b)
-    with pytest.raises(ConflictError, match=r"#2 HMA.request_finished_all_groups returned kv_transfer_params key 'host', already returned by #1 HMA") as info:
+    with pytest.raises(FinishError, match=r"#2 HMA.request_finished_all_groups returned kv_transfer_params key 'host', already returned by #1 HMA") as info:
         stack.request_finished_all_groups(R, ([1],))
-    assert info.value.value == "host" and info.value.method == "request_finished_all_groups"
+    (clash,) = info.value.exceptions
+    assert isinstance(clash, ConflictError)
+    assert clash.value == "host" and clash.method == "request_finished_all_groups"
+    assert info.value.delay_free is True
     a.finished = ({"r1"}, None)
     assert step(stack) == (None, None), "blocks are still held for the second saver"
     b.finished = ({"r1"}, None)
@@ -185,7 +202,7 @@ def load_through(stack: MultiConnector, request: Req = R) -> None:  # type: igno
 
 
 def test_a_receive_is_reported_once_in_the_same_step() -> None:
-    a, b = HMA("a", hit=32), HMA("b", hit=32)
+    a, b = HMA("a", hit=32, load_async=True), HMA("b", hit=32, load_async=True)
     stack = MultiConnector(a, b)
     load_through(stack)
     a.finished = b.finished = (None, {"r1"})
@@ -193,7 +210,7 @@ def test_a_receive_is_reported_once_in_the_same_step() -> None:
 
 
 def test_only_the_loading_childs_receive_counts_across_steps() -> None:
-    a, b = HMA("a", hit=0), HMA("b", hit=32)
+    a, b = HMA("a", hit=0), HMA("b", hit=32, load_async=True)
     stack = MultiConnector(a, b)
     load_through(stack)
     a.finished = (None, {"r1"})
@@ -205,7 +222,7 @@ def test_only_the_loading_childs_receive_counts_across_steps() -> None:
 
 
 def test_a_request_loaded_again_after_preemption_is_reported_again() -> None:
-    a, b = HMA("a", hit=32), HMA("b", hit=32)
+    a, b = HMA("a", hit=32, load_async=True), HMA("b", hit=32, load_async=True)
     stack = MultiConnector(a, b)
     load_through(stack)
     a.finished = (None, {"r1"})
@@ -215,26 +232,31 @@ def test_a_request_loaded_again_after_preemption_is_reported_again() -> None:
     assert step(stack) == (None, {"r1"})
 
 
-def test_an_unannounced_receive_is_reported_once_per_step() -> None:
+def test_an_unannounced_receive_is_dropped_and_counted() -> None:
+    from capkv.composite import Drop
+
     a, b = HMA("a"), HMA("b")
     stack = MultiConnector(a, b)
     a.finished = b.finished = (None, {"r9"})
-    assert step(stack) == (None, {"r9"})
+    assert step(stack) == (None, None), "no child was loading r9: the engine is not waiting for it"
+    assert dict(stack.dropped_reports) == {("#1 HMA", Drop.RECV_NOT_PENDING): 1, ("#2 HMA", Drop.RECV_NOT_PENDING): 1}
 
 
 @pytest.mark.parametrize("bad", [["r1"], "r1", ("r1",)])
 def test_request_ids_must_come_as_sets(bad: object) -> None:
     a = HMA("a")
     a.finished = (None, bad)  # type: ignore[assignment]
-    with pytest.raises(ContractError, match=r"#1 HMA.get_finished reported request ids as"):
+    with pytest.raises(SubConnectorError, match=r"#1 HMA.get_finished returned tuple") as info:
         step(MultiConnector(a))
+    assert isinstance(info.value.exceptions[0], ContractError)
 
 
 def test_a_flat_set_of_load_errors_is_refused_with_the_per_group_shape() -> None:
     a = HMA("a")
     a.load_errors = {3, 4}  # type: ignore[assignment]
-    with pytest.raises(ContractError, match=r"#1 HMA.get_block_ids_with_load_errors returned set .*per KV-cache group"):
+    with pytest.raises(SubConnectorError, match=r"#1 HMA.get_block_ids_with_load_errors returned set .*per KV-cache group") as info:
         MultiConnector(a).get_block_ids_with_load_errors()
+    assert isinstance(info.value.exceptions[0], ContractError)
 
 
 def test_load_errors_are_kept_per_group() -> None:
@@ -259,7 +281,7 @@ def test_connector_metadata_goes_to_each_child_in_order() -> None:
     a, b = HMA("a"), HMA("b")
     stack = MultiConnector(a, b)
     metadata = stack.build_connector_meta("sched")
-    assert metadata == MultiConnectorMetadata(("meta-a", "meta-b"), {})
+    assert metadata == MultiConnectorMetadata(("meta-a", "meta-b"))
     stack.bind_connector_metadata(metadata)
     stack.handle_preemptions(metadata)
     stack.clear_connector_metadata()
@@ -384,16 +406,15 @@ def test_shutdown_reaches_every_child_and_reraises_the_failure() -> None:
     a, b, c = HMA("a"), HMA("b"), HMA("c")
     boom = RuntimeError("disk gone")
     b.shutdown_error = boom
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(SubConnectorError, match="#2 HMA raised RuntimeError: disk gone") as info:
         MultiConnector(a, b, c).shutdown()
-    assert info.value is boom
-    assert any("#2 HMA" in note for note in boom.__notes__)
+    assert info.value.exceptions == (boom,) and info.value.__cause__ is boom
     assert all(ch.methods() == ["shutdown"] for ch in (a, b, c))
 
 
 def test_several_shutdown_failures_are_grouped() -> None:
     a, b = HMA("a"), HMA("b")
     a.shutdown_error, b.shutdown_error = RuntimeError("a"), ValueError("b")
-    with pytest.raises(ExceptionGroup) as info:
+    with pytest.raises(SubConnectorError) as info:
         MultiConnector(a, b).shutdown()
     assert [type(e) for e in info.value.exceptions] == [RuntimeError, ValueError]

@@ -3,7 +3,9 @@
 A leaf connector (or connector class) is HMA-capable when it has a callable
 ``request_finished_all_groups``: that is all vLLM's scheduler and
 :class:`~capkv.SupportsHMA` look at. A stack node — a composite connector or a
-configured stack — is HMA-capable exactly when every child is. The static types
+configured stack — is HMA-capable exactly when every child is *and* the
+composite itself finishes all groups (the scheduler calls the composite's own
+member, not its children's). The static types
 of :class:`~capkv.MultiConnector` encode the same rule; this module is its
 runtime form.
 """
@@ -13,12 +15,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 __all__ = [
     "HMA_METHOD",
     "HMA_RULE",
     "NonHMAChild",
     "StackNode",
+    "class_finishes_all_groups",
     "explain_not_hma",
     "non_hma_children",
     "supports_hma",
@@ -39,6 +43,19 @@ class StackNode(ABC):
 
     __slots__ = ()
 
+    hma_by_children: ClassVar[bool] = False
+    """True for composites built with ``request_finished_all_groups`` exactly when every
+    child has it (:class:`~capkv.MultiConnector`); others must define it themselves."""
+
+    @property
+    def finishes_all_groups(self) -> bool:
+        """Whether the composite itself can be handed every group (its children aside).
+
+        A composite connector answers for its own class; a description of a stack
+        (a configured stack) overrides this to answer for the class it will build.
+        """
+        return class_finishes_all_groups(type(self)) or callable(getattr(self, HMA_METHOD, None))
+
     @property
     @abstractmethod
     def children(self) -> tuple[object, ...]:
@@ -53,8 +70,14 @@ class StackNode(ABC):
 def supports_hma(connector: object) -> bool:
     """Whether ``connector`` (an instance, a class, or a stack node) handles several KV-cache groups."""
     if isinstance(connector, StackNode):
-        return all(supports_hma(child) for child in connector.children)
+        return connector.finishes_all_groups and all(supports_hma(child) for child in connector.children)
     return callable(getattr(connector, HMA_METHOD, None))
+
+
+def class_finishes_all_groups(cls: type[object]) -> bool:
+    """Whether instances of composite class ``cls`` get ``request_finished_all_groups`` when their
+    children have it: the class defines it, or builds it by the children (``hma_by_children``)."""
+    return bool(getattr(cls, "hma_by_children", False)) or callable(getattr(cls, HMA_METHOD, None))
 
 
 def describe(node: object) -> str:
@@ -106,6 +129,8 @@ def non_hma_children(node: object) -> list[NonHMAChild]:
 
 def _walk(node: object, path: tuple[int, ...]) -> Iterator[NonHMAChild]:
     if isinstance(node, StackNode):
+        if not node.finishes_all_groups:
+            yield NonHMAChild(path, describe(node))
         for index, child in enumerate(node.children, start=1):
             yield from _walk(child, (*path, index))
     elif not supports_hma(node):

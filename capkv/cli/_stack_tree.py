@@ -32,7 +32,7 @@ from capkv.capabilities._fact_values import fact_problem
 from capkv.capabilities._facts import FINISHED_COUNT, LAYOUT, NEEDS_INSTANCE, PIECEWISE, STATIC_FACTS, StaticFact, class_fact
 from capkv.capabilities._hma import supports_hma
 from capkv.composite._agreement import child_label, combine
-from capkv.composite._multi import answers_by_agreement, stack_class
+from capkv.composite._building import answers_by_agreement, stack_class
 from capkv.config._build import BuildContext, build_connector, call_user_code
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 from capkv.config._options import declared_options

@@ -1,31 +1,78 @@
 """The metadata a composite ships between its scheduler side and worker side.
 
 Children's metadata travels in child order. The composite adds what only it
-knows: how many *extra* asynchronous saves each finished request still owes,
-so the worker side can hold back ``finished_sending`` until every saving child
-has reported.
+knows, in :class:`Book` entries: which children accepted an asynchronous save
+of each finished request (so the worker side holds ``finished_sending`` back
+until each of them has reported) and which child loads each asynchronous load.
+Books are numbered, so the worker side applies each one once: binding the same
+metadata twice, or a book re-sent after a failed step, changes nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from capkv.contracts._engine import WorkerMetadata
 from capkv.errors import MetadataError
 
-__all__ = ["MultiConnectorMetadata", "MultiWorkerMetadata"]
+__all__ = ["NOT_BUILT", "Book", "MultiConnectorMetadata", "MultiWorkerMetadata", "NotBuilt"]
 
 
-@dataclass(frozen=True)
+class NotBuilt(Enum):
+    """The slot of a child whose ``build_connector_meta`` raised: it sits the step out."""
+
+    NOT_BUILT = "NOT_BUILT"
+
+
+NOT_BUILT = NotBuilt.NOT_BUILT
+
+
+@dataclass(frozen=True, slots=True)
+class Book:
+    """The composite's own bookkeeping from one ``build_connector_meta`` call."""
+
+    origin: str
+    """The scheduler-side stack that wrote it (serials count per origin)."""
+    serial: int
+    """Increases with every book an origin writes; a worker side applies each once."""
+    savers: dict[str, int]
+    """Finished requests -> bit mask of the children that accepted an asynchronous save."""
+    loaders: dict[str, int]
+    """Asynchronous loads started -> index of the child that loads."""
+
+
 class MultiConnectorMetadata:
-    """Scheduler → worker: each child's metadata plus the composite's own bookkeeping."""
+    """Scheduler → worker: each child's metadata plus the composite's own books.
+
+    Read-only by convention (a slotted class rather than a frozen dataclass:
+    it is built once per engine step, and that construction is on the hot path).
+    """
+
+    __slots__ = ("books", "children")
 
     children: tuple[object, ...]
-    extra_async_saves: dict[str, int] = field(default_factory=lambda: dict[str, int]())
-    """Finished requests saved by several children: reports owed beyond the first."""
-    loaders: dict[str, int] = field(default_factory=lambda: dict[str, int]())
-    """Loads started this step: request id -> index of the child that loads it."""
+    """Each child's metadata, in child order (:data:`NOT_BUILT` where its build raised)."""
+    books: tuple[Book, ...]
+    """The composite's bookkeeping, oldest first (usually none or one)."""
+
+    def __init__(self, children: tuple[object, ...], books: tuple[Book, ...] = ()) -> None:
+        self.children = children
+        self.books = books
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MultiConnectorMetadata):
+            return NotImplemented
+        return self.children == other.children and self.books == other.books
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"MultiConnectorMetadata(children={self.children!r}, books={self.books!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (MultiConnectorMetadata, (self.children, self.books))
 
 
 @dataclass(frozen=True)
@@ -44,12 +91,19 @@ class MultiWorkerMetadata:
                 method="aggregate",
                 value=other,
             )
-        merged: list[WorkerMetadata | None] = []
-        for mine, theirs in zip(self.children, other.children, strict=True):
-            if mine is None:
-                merged.append(theirs)
-            elif theirs is None:
-                merged.append(mine)
-            else:
-                merged.append(mine.aggregate(theirs))
-        return MultiWorkerMetadata(tuple(merged))
+        return MultiWorkerMetadata(merge_worker_metas(self.children, other.children))
+
+
+def merge_worker_metas(
+    mine: tuple[WorkerMetadata | None, ...], theirs: tuple[WorkerMetadata | None, ...]
+) -> tuple[WorkerMetadata | None, ...]:
+    """Child by child: ``aggregate`` where both have a report, else the one there is."""
+    merged: list[WorkerMetadata | None] = []
+    for a, b in zip(mine, theirs, strict=True):
+        if a is None:
+            merged.append(b)
+        elif b is None:
+            merged.append(a)
+        else:
+            merged.append(a.aggregate(b))
+    return tuple(merged)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from capkv.capabilities._hma import StackNode
+from capkv.capabilities._hma import StackNode, class_finishes_all_groups
 from capkv.config._registry import ConnectorRegistry, default_registry
 from capkv.errors import ConfigError
 
@@ -81,6 +81,11 @@ class ConfiguredStack(StackNode):
     @property
     def node_name(self) -> str:
         return self.cls.__name__
+
+    @property
+    def finishes_all_groups(self) -> bool:
+        """Answered for the class the configuration will build, not for this description."""
+        return class_finishes_all_groups(self.cls)
 
 
 ConfiguredNode = ConfiguredConnector | ConfiguredStack

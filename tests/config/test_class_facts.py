@@ -10,7 +10,7 @@ import pytest
 
 from capkv import ConflictError, KVConnectorBase, MultiConnector, class_level
 from capkv.capabilities import NEEDS_INSTANCE, STATIC_FACTS, class_fact
-from capkv.composite._multi import answers_by_agreement
+from capkv.composite._building import answers_by_agreement
 from capkv.connectors._cpu_offload import CPUOffloadConnector
 from capkv.connectors._file_store import FileStoreConnector
 from capkv.connectors._single_group import SingleGroupOffloadConnector

@@ -1,0 +1,124 @@
+"""The one finish routine behind ``request_finished`` and ``request_finished_all_groups``.
+
+Every child is told that the request finished, even when one raises: a child
+left untold would keep the request's hash chain and could offer its KV to a
+reused request id. The children that accepted an asynchronous save
+(``delay_free=True``) are recorded *by child* for the worker side, which holds
+``finished_sending`` back until each of them has reported. The engine learns
+whether to keep the blocks from the return value or, when something failed,
+from :attr:`capkv.FinishError.delay_free` — an engine that freed them anyway
+would free them under a running copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+from capkv.composite._fanout import Failures, bad_answer
+from capkv.contracts._engine import KVTransferParams, Request
+from capkv.errors import ConflictError, FinishError
+
+__all__ = ["FinishResult", "FinishRoutine", "Finisher"]
+
+FinishResult = tuple[bool, KVTransferParams | None]
+Finisher = Callable[[Request, Any], FinishResult]
+
+
+class FinishRoutine:
+    """Mixed into the stack: the finish aggregation over its children."""
+
+    __slots__ = ()
+
+    _names: tuple[str, ...]
+    _savers: dict[str, int]
+    _load_choice: dict[str, tuple[int, bool]]
+
+    def _finish(
+        self, request: Request, finishers: tuple[Finisher, ...], block_ids: object, method: str
+    ) -> FinishResult:
+        """Tell every child; record who saves; merge transfer params; one error if anything failed."""
+        request_id = request.request_id
+        savers = 0
+        returned: list[tuple[int, Any]] | None = None
+        failures: Failures | None = None
+        index = 0
+        for finish in finishers:
+            try:
+                answer: Any = finish(request, block_ids)
+            except Exception as exc:
+                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+            else:
+                try:
+                    delay_free, params = answer
+                except (TypeError, ValueError):
+                    bad = bad_answer(self._names[index], method, answer, "a (delay_free, kv_transfer_params) pair")
+                    failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
+                else:
+                    if delay_free:
+                        savers |= 1 << index
+                    if params:
+                        returned = [(index, params)] if returned is None else [*returned, (index, params)]
+            index += 1
+        if savers:
+            self._savers[request_id] = self._savers.get(request_id, 0) | savers
+        if self._load_choice:
+            self._load_choice.pop(request_id, None)
+        merged: KVTransferParams | None = None
+        if returned is not None:
+            clashes: Failures = []
+            merged = self._merge_params(returned, method, clashes)
+            if clashes:
+                failures = sorted([*(failures or []), *clashes], key=lambda item: item[0])
+        if failures:
+            raise self._finish_failed(request_id, method, failures, savers, merged)
+        return savers != 0, merged
+
+    def _merge_params(self, returned: list[tuple[int, Any]], method: str, clashes: Failures) -> KVTransferParams:
+        """Merge the children's ``kv_transfer_params``; a key given twice is a conflict (first one wins)."""
+        if len(returned) == 1 and isinstance(returned[0][1], dict):
+            return dict(cast("KVTransferParams", returned[0][1]))
+        merged: KVTransferParams = {}
+        owners: dict[str, int] = {}
+        for index, params in returned:
+            if not isinstance(params, Mapping):
+                clashes.append((index, bad_answer(self._names[index], method, params,
+                                                  "kv_transfer_params as a dict, or None")))
+                continue
+            for key, value in cast("Mapping[str, object]", params).items():
+                if key in merged:
+                    clashes.append((index, ConflictError(
+                        f"{self._names[index]}.{method} returned kv_transfer_params key "
+                        f"{key!r}, already returned by {self._names[owners[key]]}",
+                        connector=self._names[index],
+                        method=method,
+                        value=key,
+                    )))
+                    continue
+                merged[key] = value
+                owners[key] = index
+        return merged
+
+    def _finish_failed(
+        self, request_id: str, method: str, failures: Failures, savers: int, merged: KVTransferParams | None
+    ) -> FinishError:
+        names = self._names
+        detail = "; ".join(f"{names[index]}: {type(exc).__name__}: {exc}" for index, exc in failures)
+        if savers:
+            saving = ", ".join(names[i] for i in range(len(names)) if savers >> i & 1)
+            outcome = (f"keep its blocks (delay_free=True): {saving} accepted an asynchronous save, and "
+                       "the request is reported in finished_sending once each of them has reported it")
+        else:
+            outcome = "no sub-connector is saving it, so its blocks may be freed (delay_free=False)"
+        error = FinishError(
+            f"{type(self).__name__}.{method}({request_id!r}) failed ({detail}); every other sub-connector "
+            f"was still told; {outcome}",
+            tuple(exc for _, exc in failures),
+            delay_free=savers != 0,
+            kv_transfer_params=merged,
+            connector=", ".join(names[index] for index, _ in failures),
+            method=method,
+        )
+        error.__cause__ = failures[0][1]
+        return error
+
