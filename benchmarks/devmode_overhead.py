@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 import capkv  # noqa: E402
 from capkv import KVConnectorBase, KVGroupSpec, KVSpec, devmode  # noqa: E402
+from capkv.devmode._blocks import check_block_groups  # noqa: E402
 
 NUM_BLOCKS = 131_072
 SHAPES = [(1, 16), (4, 1024), (1, 65_536)]
@@ -98,7 +99,7 @@ def production_ratio() -> None:
     bare = Bare()
     blocks = (random.sample(range(1, NUM_BLOCKS), 1024),)
     with devmode.dev_mode(False):
-        instrumented = capkv.instrument(bare, spec)
+        instrumented = capkv.devmode.instrument(bare, spec)
     def call(connector: Bare) -> None:
         connector.update_state_after_alloc(None, blocks, 0)
 
@@ -121,11 +122,11 @@ def block_id_cost() -> None:
         blocks = tuple(random.sample(range(1, NUM_BLOCKS), per_group) for _ in range(num_groups))
         ids = num_groups * per_group
         bare = Bare()
-        checked = capkv.instrument(bare, spec)
+        checked = capkv.devmode.instrument(bare, spec)
         t_bare = seconds_per_call(lambda: bare.update_state_after_alloc(None, blocks, 0))
         t_checked = seconds_per_call(lambda: checked.update_state_after_alloc(None, blocks, 0))
         t_validator = seconds_per_call(
-            lambda: devmode.check_block_groups(spec, blocks, connector="Bare", method="update_state_after_alloc")
+            lambda: check_block_groups(spec, blocks, connector="Bare", method="update_state_after_alloc")
         )
         t_naive = seconds_per_call(lambda: naive_walk(blocks, NUM_BLOCKS, 0))
         total = (t_checked - t_bare) / ids * 1e9
@@ -145,7 +146,7 @@ def tensor_check_cost() -> None:
     tensors = {name: torch.empty(shape, dtype=torch.bfloat16, device="meta") for name in groups[0].layer_names}
     layer, tensor = next(iter(tensors.items()))
     bare = Bare()
-    checked = capkv.instrument(bare, spec)
+    checked = capkv.devmode.instrument(bare, spec)
     t_save = seconds_per_call(lambda: checked.save_kv_layer(layer, tensor, None)) - seconds_per_call(
         lambda: bare.save_kv_layer(layer, tensor, None)
     )

@@ -4,64 +4,68 @@ Describe connectors with :class:`KVConnector` (and capabilities such as
 :class:`SupportsHMA`), stack them with :class:`MultiConnector` — whose
 capabilities are inferred from its children, statically and at run time — and
 let :func:`check_stack` and :func:`finish_request` refuse what a stack cannot serve.
-In dev mode (``CAPKV_DEV=1`` or ``python -X dev``), :func:`instrument` checks
-every transfer call against the engine's :class:`KVSpec`.
+In dev mode (``CAPKV_DEV=1`` or ``python -X dev``), :func:`capkv.devmode.instrument`
+checks every transfer call against the engine's :class:`KVSpec`.
+
+Importing capkv imports nothing else: each name loads its module (and torch,
+where that needs it) when first used. In dev mode the first name used also puts
+capkv under beartype.
 """
 
-# First: in dev mode this puts the rest of capkv under beartype as it is imported.
-from capkv import devmode
+from typing import TYPE_CHECKING
 
-from capkv.capabilities import (
-    KVCacheConfigLike,
-    NonHMAChild,
-    StackNode,
-    check_stack,
-    finish_request,
-    non_hma_children,
-    require_hma,
-    supports_hma,
-)
-from capkv.composite import HMAMultiConnector, MultiConnector, MultiConnectorMetadata, MultiWorkerMetadata
-from capkv.contracts import (
-    BlockIds,
-    ComputedTokenRequest,
-    HMAConnector,
-    KVConnector,
-    KVConnectorBase,
-    KVConnectorOutput,
-    KVGroupSpec,
-    KVSpec,
-    KVTransferParams,
-    LoadErrors,
-    Request,
-    SupportsHMA,
-    TokenRequest,
-    WorkerMetadata,
-    class_level,
-)
-from capkv.devmode import instrument
-from capkv.errors import (
-    CapabilityError,
-    CapkvError,
-    ConfigError,
-    ConflictError,
-    ContractError,
-    FinishError,
-    MetadataError,
-    SubConnectorError,
-)
+from capkv._lazy import attach
+
+if TYPE_CHECKING:
+    from capkv.capabilities._hma import NonHMAChild, StackNode, non_hma_children, supports_hma
+    from capkv.capabilities._serving import KVCacheConfigLike, check_stack, finish_request, require_hma
+    from capkv.composite._metadata import MultiConnectorMetadata, MultiWorkerMetadata
+    from capkv.composite._multi import HMAMultiConnector, MultiConnector
+    from capkv.contracts._base import KVConnectorBase
+    from capkv.contracts._class_level import class_level
+    from capkv.contracts._connector import HMAConnector, KVConnector, SupportsHMA
+    from capkv.contracts._engine import (
+        AttentionMetadata,
+        BlockIds,
+        ComputedTokenRequest,
+        ConnectorMetadata,
+        ForwardContext,
+        HandshakeMetadata,
+        KVConnectorOutput,
+        KVTransferParams,
+        LoadErrors,
+        Request,
+        SchedulerOutput,
+        TokenRequest,
+        WorkerMetadata,
+    )
+    from capkv.contracts._spec import KVGroupSpec, KVSpec
+    from capkv.errors import (
+        CapabilityError,
+        CapkvError,
+        ConfigError,
+        ConflictError,
+        ContractError,
+        FinishError,
+        MetadataError,
+        SubConnectorError,
+    )
 
 __all__ = [
+    "AttentionMetadata",
     "BlockIds",
     "CapabilityError",
     "CapkvError",
     "ComputedTokenRequest",
     "ConfigError",
     "ConflictError",
+    "ConnectorMetadata",
     "ContractError",
     "FinishError",
+    "ForwardContext",
     "HMAConnector",
     "HMAMultiConnector",
+    "HandshakeMetadata",
     "KVCacheConfigLike",
     "KVConnector",
     "KVConnectorBase",
@@ -76,6 +80,7 @@ __all__ = [
     "MultiWorkerMetadata",
     "NonHMAChild",
     "Request",
+    "SchedulerOutput",
     "StackNode",
     "SubConnectorError",
     "SupportsHMA",
@@ -83,12 +88,51 @@ __all__ = [
     "WorkerMetadata",
     "check_stack",
     "class_level",
-    "devmode",
     "finish_request",
-    "instrument",
     "non_hma_children",
     "require_hma",
     "supports_hma",
 ]
 
 __version__ = "0.1.0"
+
+if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw would hide typos from them
+    __getattr__, __dir__ = attach(
+        __name__,
+        {
+            "capkv.capabilities._hma": ["NonHMAChild", "StackNode", "non_hma_children", "supports_hma"],
+            "capkv.capabilities._serving": ["KVCacheConfigLike", "check_stack", "finish_request", "require_hma"],
+            "capkv.composite._metadata": ["MultiConnectorMetadata", "MultiWorkerMetadata"],
+            "capkv.composite._multi": ["HMAMultiConnector", "MultiConnector"],
+            "capkv.contracts._base": ["KVConnectorBase"],
+            "capkv.contracts._class_level": ["class_level"],
+            "capkv.contracts._connector": ["HMAConnector", "KVConnector", "SupportsHMA"],
+            "capkv.contracts._engine": [
+                "AttentionMetadata",
+                "BlockIds",
+                "ComputedTokenRequest",
+                "ConnectorMetadata",
+                "ForwardContext",
+                "HandshakeMetadata",
+                "KVConnectorOutput",
+                "KVTransferParams",
+                "LoadErrors",
+                "Request",
+                "SchedulerOutput",
+                "TokenRequest",
+                "WorkerMetadata",
+            ],
+            "capkv.contracts._spec": ["KVGroupSpec", "KVSpec"],
+            "capkv.errors": [
+                "CapabilityError",
+                "CapkvError",
+                "ConfigError",
+                "ConflictError",
+                "ContractError",
+                "FinishError",
+                "MetadataError",
+                "SubConnectorError",
+            ],
+        },
+        submodules=["cli", "config", "connectors", "devmode", "engine", "errors", "mypy", "testing", "transfer"],
+    )

@@ -19,7 +19,7 @@ def test_public_api_is_fully_typed() -> None:
     )
     report = json.loads(proc.stdout)["typeCompleteness"]
     counts = report["exportedSymbolCounts"]
-    assert counts["withKnownType"] > 150, counts  # the package was found and read
+    assert counts["withKnownType"] > 100, counts  # the package was found and read (about 110 public names)
     untyped = [s["name"] for s in report["symbols"] if not s["isTypeKnown"] or s.get("isTypeAmbiguous")]
     assert report["completenessScore"] == 1, untyped
     assert proc.returncode == 0, proc.stdout[-2000:]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast, runtime_checkable
 
@@ -43,35 +44,57 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``capkv``; returns the exit status."""
-    parser = _Parser(prog="capkv", description="Typed, composable, checked KV-cache connectors.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    handlers: dict[str, _Subcommand] = {}
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        handlers[name] = cast(_Subcommand, importlib.import_module(module))
-        handlers[name].add_arguments(commands.add_parser(name, help=help_text, description=help_text))
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit:  # --help, or a bad option (already reported in one line)
-        return exit.code if isinstance(exit.code, int) else 2
-    prog = f"capkv {args.command}"
-    try:
-        return handlers[args.command].run(args)
-    except KeyboardInterrupt:
-        _one_line(f"{prog}: interrupted")
-        return 130
-    except RecursionError:
-        _one_line(f"{prog}: error: RecursionError: the input is nested too deeply")
-        return 2
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the last line of defence: one line, never a traceback
-        text = str(exc)
-        _one_line(f"{prog}: error: {type(exc).__name__}{': ' + text if text else ''}")
-        return 2
+    """Run ``capkv``; returns the exit status.
+
+    Only the chosen subcommand's module is imported, so ``capkv check`` does not
+    load torch unless a connector it names needs it. Every failure is one line.
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in arguments if not a.startswith("-")), None)  # capkv's own options are all flags
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TORCH_WITHOUT_NUMPY, category=UserWarning)
+        parser = _Parser(prog="capkv", description="Typed, composable, checked KV-cache connectors.")
+        commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+        handler: _Subcommand | None = None
+        for name, (module, help_text) in SUBCOMMANDS.items():
+            sub = commands.add_parser(name, help=help_text, description=help_text)
+            if name == chosen:
+                handler = cast(_Subcommand, importlib.import_module(module))
+                handler.add_arguments(sub)
+        try:
+            args = parser.parse_args(arguments)
+        except SystemExit as exit:  # --help, or a bad option (already reported in one line)
+            return exit.code if isinstance(exit.code, int) else 2
+        if handler is None:  # argparse has refused any other command already
+            parser.error(f"unknown command {args.command!r}")
+        prog = f"capkv {args.command}"
+        try:
+            return handler.run(args)
+        except KeyboardInterrupt:
+            _one_line(f"{prog}: interrupted")
+            return 130
+        except RecursionError:
+            _one_line(f"{prog}: error: RecursionError: the input is nested too deeply")
+            return 2
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+            text = str(exc)
+            _one_line(f"{prog}: error: {type(exc).__name__}{': ' + text if text else ''}")
+            return 2
 
 
 def _one_line(message: str) -> None:
     sys.stdout.flush()
     print(" ".join(message.split()) if "\n" in message else message, file=sys.stderr)
+
+
+_TORCH_WITHOUT_NUMPY = "Failed to initialize NumPy"
+"""What torch warns, once, when it is imported without numpy installed.
+
+torch's wheels do not require numpy and capkv never converts a tensor to or
+from numpy, so in a capkv command the warning says nothing that matters: the
+command (and whatever torch it loads: ``demo``, ``bench``, a store named by
+``check``) runs with it filtered.
+"""
 
 
 if __name__ == "__main__":

@@ -7,28 +7,46 @@
   multi-group models.
 
 All key blocks by group and a chained content hash of the token prefix, so the
-two stores interoperate in a ``MultiConnector`` stack.
+two stores interoperate in a ``MultiConnector`` stack. :class:`PrefixStoreConnector`
+is their common base, for stores of your own; :func:`longest_hit` is the rule for
+which blocks of each group (sliding windows included) a prefix hit needs.
 """
 
-from capkv.connectors._base import PrefixStoreConnector
-from capkv.connectors._cpu_offload import CPUOffloadConnector, HostPoolConnector
-from capkv.connectors._file_store import FileStoreConnector
-from capkv.connectors._hits import GroupGeometry, longest_hit
-from capkv.connectors._keys import BlockKey, PrefixHasher
-from capkv.connectors._metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.connectors._single_group import SingleGroupOffloadConnector
+from typing import TYPE_CHECKING
+
+from capkv._lazy import attach
+
+if TYPE_CHECKING:
+    from capkv.connectors._base import PrefixStoreConnector
+    from capkv.connectors._cpu_offload import CPUOffloadConnector
+    from capkv.connectors._file_store import FileStoreConnector
+    from capkv.connectors._hits import GroupGeometry, longest_hit
+    from capkv.connectors._keys import BlockKey, PrefixHasher
+    from capkv.connectors._metadata import StoreMetadata
+    from capkv.connectors._single_group import SingleGroupOffloadConnector
 
 __all__ = [
     "BlockKey",
-    "BlockMove",
     "CPUOffloadConnector",
-    "HostPoolConnector",
     "FileStoreConnector",
     "GroupGeometry",
     "PrefixHasher",
     "PrefixStoreConnector",
-    "SaveReport",
     "SingleGroupOffloadConnector",
     "StoreMetadata",
     "longest_hit",
 ]
+
+if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
+    __getattr__, __dir__ = attach(
+        __name__,
+        {
+            "capkv.connectors._base": ["PrefixStoreConnector"],
+            "capkv.connectors._cpu_offload": ["CPUOffloadConnector"],
+            "capkv.connectors._file_store": ["FileStoreConnector"],
+            "capkv.connectors._hits": ["GroupGeometry", "longest_hit"],
+            "capkv.connectors._keys": ["BlockKey", "PrefixHasher"],
+            "capkv.connectors._metadata": ["StoreMetadata"],
+            "capkv.connectors._single_group": ["SingleGroupOffloadConnector"],
+        },
+    )

@@ -12,9 +12,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Generic
+from typing import TYPE_CHECKING, Any, Generic
 
-import torch
 
 from capkv.contracts._class_level import class_level
 from capkv.contracts._connector import RequestT
@@ -31,6 +30,9 @@ from capkv.contracts._engine import (
     WorkerMetadata,
 )
 from capkv.errors import MetadataError
+
+if TYPE_CHECKING:  # torch loads only where KV is moved, not with the contracts
+    import torch
 
 __all__ = ["KVConnectorBase"]
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
 from typing_extensions import TypeVar
 
 from capkv.contracts._engine import (
@@ -33,6 +32,9 @@ from capkv.contracts._engine import (
     SchedulerOutput,
     WorkerMetadata,
 )
+
+if TYPE_CHECKING:  # torch loads only where KV is moved, not with the contracts
+    import torch
 
 __all__ = ["KV_CONNECTOR_MEMBERS", "HMAConnector", "KVConnector", "RequestT", "SupportsHMA", "missing_members"]
 

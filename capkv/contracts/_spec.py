@@ -13,9 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, cast
-
-import torch
+from typing import TYPE_CHECKING, Any, cast
 
 from capkv.contracts._arguments import (
     argument_error,
@@ -27,6 +25,9 @@ from capkv.contracts._arguments import (
     require_shape,
 )
 from capkv.errors import ConfigError
+
+if TYPE_CHECKING:  # torch loads only where KV is moved, not with the contracts
+    import torch
 
 __all__ = ["KVGroupSpec", "KVSpec"]
 
@@ -161,7 +162,7 @@ class KVSpec:
             ),
             block_dim=block_dim,
             dtype=dtype,
-            device=None if device is None else torch.device(device),
+            device=None if device is None else _device(device),
         )
 
     @cached_property
@@ -194,3 +195,9 @@ def _set(spec: object, name: str, value: object) -> None:
     """Store a normalised field (a list made a tuple, a device name a device) on a frozen dataclass."""
     if getattr(spec, name) is not value:
         object.__setattr__(spec, name, value)
+
+
+def _device(device: torch.device | str) -> torch.device:
+    import torch  # the one runtime use: a spec read from the engine, where torch is loaded anyway
+
+    return torch.device(device)

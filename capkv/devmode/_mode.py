@@ -5,9 +5,12 @@ and forced off under ``python -O``: an optimised interpreter is production, wher
 the checks must cost nothing. Engines and tests may override the environment with
 :func:`set_dev_mode` or :func:`dev_mode`.
 
-Two things read the switch: :func:`capkv.instrument`, once per connector when it
-wraps one, and ``import capkv``, once per process, which puts capkv's own
-functions under beartype when dev mode is on at that moment.
+Two things read the switch: :func:`capkv.devmode.instrument`, once per connector
+when it wraps one, and the first name a process takes from a capkv front
+(``capkv.MultiConnector``, ``from capkv.connectors import ...``), which puts
+capkv's own functions under beartype when dev mode is on at that moment. A
+process that only imports ``capkv.mypy`` (mypy, with the plugin) takes no name,
+so dev mode never puts beartype inside mypy.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ _OFF_VALUES = frozenset({"0", "false", "no", "off"})
 
 _UNCHECKED = (
     "capkv.devmode",
+    "capkv.mypy",
     "capkv.testing",
     "capkv.contracts._arguments",
     "capkv.contracts._block_ids",
@@ -45,6 +49,7 @@ _UNCHECKED = (
 
 _override: bool | None = None
 _types_checked = False
+_types_decided = False
 
 
 def forced_off() -> bool:
@@ -68,7 +73,7 @@ def set_dev_mode(on: bool | None) -> None:
     """Override the environment (``None`` returns to it).
 
     Under ``python -O`` the override is recorded but dev mode stays off. Only
-    later :func:`capkv.instrument` calls see the change: connectors already
+    later :func:`capkv.devmode.instrument` calls see the change: connectors already
     instrumented, and capkv's own type checks (fixed at import), keep theirs.
     """
     global _override
@@ -93,18 +98,22 @@ def types_checked() -> bool:
 
 
 def check_capkv_types() -> None:
-    """Put the rest of capkv under beartype when dev mode is on; ``import capkv`` calls this first.
+    """Put the rest of capkv under beartype when dev mode is on; the fronts call this first.
 
     Type-hint violations in calls into capkv then raise :class:`~capkv.ContractError`,
     like every other dev-mode contract. Modules imported before this call are left as
-    they are, so it must run before capkv imports its submodules. ``capkv.devmode``
-    itself and the contract validators (:data:`_UNCHECKED`) are skipped: they take
-    ``object`` and judge every element themselves, and beartype around them would only
-    slow down every checked call. ``capkv.testing`` is skipped too: its fakes answer
-    whatever a test sets, wrong types included, so that the checks under test catch them.
+    they are, so the fronts (:mod:`capkv._lazy`) run it before they import an
+    implementation module. ``capkv.devmode`` itself is skipped: its checks take
+    ``object`` and judge every element themselves, and beartype around them would
+    only slow down every checked call; so are the contract validators (:data:`_UNCHECKED`)
+    and the mypy plugin, which runs inside mypy. ``capkv.testing`` is skipped too: its
+    fakes answer whatever a test sets, wrong types included, so the checks under test catch them.
     """
-    global _types_checked
-    if _types_checked or not enabled():
+    global _types_checked, _types_decided
+    if _types_decided:  # decided once per process, by the switch at the first call
+        return
+    _types_decided = True
+    if not enabled():
         return
     from beartype import BeartypeConf
     from beartype.claw import beartype_package

@@ -5,60 +5,52 @@ It has what a connector meets in vLLM — a paged KV cache with several groups
 cache, a scheduler and a worker calling the connector contract in vLLM's order —
 and one thing vLLM cannot offer: the "model" computes KV as a pure function of
 (layer, position, token prefix), so every block a connector loads is checked
-bit-exact against recomputation. Read :mod:`capkv.engine._scheduler` and
-:mod:`capkv.engine._worker` to see when each connector method is called.
+bit-exact against recomputation (:class:`VerificationError` otherwise).
+
+Users build a :class:`ModelShape` (its groups are :data:`FULL` or :data:`SLIDING`
+:class:`GroupLayout`), a :class:`Workload`, and run an :class:`Engine` over a
+connector; :class:`EngineStats` says what was loaded and saved. The engine's own
+requests and scheduler objects stay internal: connectors see them through the
+contracts' types (``capkv.Request``, ``capkv.SchedulerOutput``, ...).
 """
 
-from capkv.engine._block_pool import BlockPool
-from capkv.engine._block_tables import BlockTables, LocalHit
-from capkv.engine._compute import KVFunction
-from capkv.engine._engine import Engine
-from capkv.engine._kv_cache import PagedKVCache, Slots
-from capkv.engine._model import FULL, KV_LAYOUT, NULL_BLOCK_ID, SLIDING, GroupLayout, ModelShape
-from capkv.engine._outputs import (
-    ForwardContext,
-    LoadCheck,
-    Mismatch,
-    ModelRunnerOutput,
-    ScheduledRequest,
-    SchedulerOutput,
-)
-from capkv.engine._request import Request, RequestStatus
-from capkv.engine._scheduler import FinishedRequest, Scheduler
-from capkv.engine._stats import EngineStats, GroupStats
-from capkv.engine._verify import VerificationError, Verifier
-from capkv.engine._worker import LayerAttentionMetadata, Worker
-from capkv.engine._workload import Workload
+from typing import TYPE_CHECKING
+
+from capkv._lazy import attach
+
+if TYPE_CHECKING:
+    from capkv.engine._engine import Engine
+    from capkv.engine._model import FULL, SLIDING, GroupLayout, ModelShape
+    from capkv.engine._outputs import Mismatch
+    from capkv.engine._scheduler import FinishedRequest
+    from capkv.engine._stats import EngineStats, GroupStats
+    from capkv.engine._verify import VerificationError
+    from capkv.engine._workload import Workload
 
 __all__ = [
     "FULL",
-    "KV_LAYOUT",
-    "NULL_BLOCK_ID",
     "SLIDING",
-    "BlockPool",
-    "BlockTables",
     "Engine",
     "EngineStats",
     "FinishedRequest",
-    "ForwardContext",
     "GroupLayout",
     "GroupStats",
-    "KVFunction",
-    "LayerAttentionMetadata",
-    "LoadCheck",
-    "LocalHit",
     "Mismatch",
-    "ModelRunnerOutput",
     "ModelShape",
-    "PagedKVCache",
-    "Request",
-    "RequestStatus",
-    "ScheduledRequest",
-    "Scheduler",
-    "SchedulerOutput",
-    "Slots",
     "VerificationError",
-    "Verifier",
-    "Worker",
     "Workload",
 ]
+
+if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
+    __getattr__, __dir__ = attach(
+        __name__,
+        {
+            "capkv.engine._engine": ["Engine"],
+            "capkv.engine._model": ["FULL", "SLIDING", "GroupLayout", "ModelShape"],
+            "capkv.engine._outputs": ["Mismatch"],
+            "capkv.engine._scheduler": ["FinishedRequest"],
+            "capkv.engine._stats": ["EngineStats", "GroupStats"],
+            "capkv.engine._verify": ["VerificationError"],
+            "capkv.engine._workload": ["Workload"],
+        },
+    )

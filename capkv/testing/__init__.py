@@ -19,13 +19,17 @@ For unit tests: :class:`NullConnector` / :class:`HMANullConnector` (every member
 nothing moved, every call recorded), and builders of the engine's objects.
 """
 
-from capkv.engine._outputs import ForwardContext, ScheduledRequest, SchedulerOutput
-from capkv.engine._request import Request
-from capkv.testing._conformance import ConnectorFactory, assert_conformant, check_connector
-from capkv.testing._layouts import DEFAULT_LAYOUTS, DEFAULT_WORKLOAD, describe_layout
-from capkv.testing._null import HMANullConnector, NullConnector
-from capkv.testing._objects import forward_context, kv_caches, make_request, scheduled, scheduler_output
-from capkv.testing._report import ConformanceFailure, ConformanceReport, ScenarioResult
+from typing import TYPE_CHECKING
+
+from capkv._lazy import attach
+
+if TYPE_CHECKING:
+    from capkv.engine._outputs import ScheduledRequest
+    from capkv.testing._conformance import ConnectorFactory, assert_conformant, check_connector
+    from capkv.testing._layouts import DEFAULT_LAYOUTS, DEFAULT_WORKLOAD, describe_layout
+    from capkv.testing._null import HMANullConnector, NullConnector
+    from capkv.testing._objects import forward_context, kv_caches, make_request, scheduled, scheduler_output
+    from capkv.testing._report import ConformanceFailure, ConformanceReport, ScenarioResult
 
 __all__ = [
     "DEFAULT_LAYOUTS",
@@ -33,13 +37,10 @@ __all__ = [
     "ConformanceFailure",
     "ConformanceReport",
     "ConnectorFactory",
-    "ForwardContext",
     "HMANullConnector",
     "NullConnector",
-    "Request",
     "ScenarioResult",
     "ScheduledRequest",
-    "SchedulerOutput",
     "assert_conformant",
     "check_connector",
     "describe_layout",
@@ -49,3 +50,16 @@ __all__ = [
     "scheduled",
     "scheduler_output",
 ]
+
+if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
+    __getattr__, __dir__ = attach(
+        __name__,
+        {
+            "capkv.engine._outputs": ["ScheduledRequest"],
+            "capkv.testing._conformance": ["ConnectorFactory", "assert_conformant", "check_connector"],
+            "capkv.testing._layouts": ["DEFAULT_LAYOUTS", "DEFAULT_WORKLOAD", "describe_layout"],
+            "capkv.testing._null": ["HMANullConnector", "NullConnector"],
+            "capkv.testing._objects": ["forward_context", "kv_caches", "make_request", "scheduled", "scheduler_output"],
+            "capkv.testing._report": ["ConformanceFailure", "ConformanceReport", "ScenarioResult"],
+        },
+    )

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from capkv import ConflictError, KVConnectorBase, MultiConnector, class_level
-from capkv.capabilities import NEEDS_INSTANCE, STATIC_FACTS, class_fact
+from capkv.capabilities._facts import NEEDS_INSTANCE, STATIC_FACTS, class_fact
 from capkv.composite._building import answers_by_agreement
 from capkv.connectors._cpu_offload import CPUOffloadConnector
 from capkv.connectors._file_store import FileStoreConnector

@@ -19,6 +19,7 @@ from capkv import (
     require_hma,
     supports_hma,
 )
+from capkv.config._loader import read_config_file
 from capkv.config import (
     ConfiguredConnector,
     ConfiguredStack,
@@ -26,7 +27,6 @@ from capkv.config import (
     build_stack,
     load_stack,
     load_stack_file,
-    read_config_file,
 )
 from tests.config.sample_connectors import DiskConnector, FactoryBuilt, OffloadConnector
 

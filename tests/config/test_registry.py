@@ -9,7 +9,8 @@ import pytest
 
 import capkv.config._registry as registry_module
 from capkv import ConfigError, MultiConnector
-from capkv.config import ConnectorRegistry, default_registry, register_connector, resolve_connector
+from capkv.config import ConnectorRegistry, default_registry, register_connector
+from capkv.config._registry import resolve_connector
 from tests.config.sample_connectors import DiskConnector, OffloadConnector
 
 SAMPLES = "tests.config.sample_connectors"

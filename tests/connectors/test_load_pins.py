@@ -8,7 +8,8 @@ evicted, so saves stop) or end before its load read the block.
 from __future__ import annotations
 
 from capkv import KVConnectorOutput
-from capkv.connectors import CPUOffloadConnector, SaveReport, StoreMetadata
+from capkv.connectors import CPUOffloadConnector, StoreMetadata
+from capkv.connectors._metadata import SaveReport
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine, Req
 from tests.paged import Group, empty_caches, make_spec

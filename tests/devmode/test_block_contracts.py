@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import capkv
-from capkv import ContractError, KVSpec, instrument
+from capkv import ContractError, KVSpec
 from capkv.contracts import _id_scan as scan
+from capkv.devmode import instrument
 from tests.devmode.strategies import Fault, Pool, faulty_groups, malformed_groups, pools, valid_groups
 from tests.fakes import HMA, Plain, Req
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import capkv
-from capkv import CapabilityError, ConfigError, ContractError, KVSpec, StackNode, instrument
-from capkv.devmode import Instrumented
+from capkv import CapabilityError, ConfigError, ContractError, KVSpec, StackNode
+from capkv.devmode import Instrumented, instrument
 from tests.fakes import HMA, Plain, Req
 
 SPEC = KVSpec(num_groups=2, num_blocks=16)

@@ -22,7 +22,7 @@ from tests.fakes import HMA, Req
 at_import = devmode.enabled()
 devmode.set_dev_mode(True)
 connector = HMA()
-checked = capkv.instrument(connector, capkv.KVSpec(num_groups=1, num_blocks=4))
+checked = capkv.devmode.instrument(connector, capkv.KVSpec(num_groups=1, num_blocks=4))
 bad = ([True, 9, 9],)
 try:
     checked.update_state_after_alloc(Req("r"), bad, 0)

@@ -15,8 +15,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capkv import ContractError, KVGroupSpec, KVSpec, instrument
-from capkv.devmode import check_kv_tensor
+from capkv import ContractError, KVGroupSpec, KVSpec
+from capkv.devmode import instrument
+from capkv.devmode._tensors import check_kv_tensor
 from tests.fakes import HMA
 
 META = torch.device("meta")

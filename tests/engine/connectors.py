@@ -18,7 +18,8 @@ import torch
 
 from capkv import BlockIds, KVConnectorBase, KVSpec, KVTransferParams, LoadErrors
 from capkv.config import ConnectorOptions, Option
-from capkv.engine import Request, SchedulerOutput
+from capkv.engine._outputs import SchedulerOutput
+from capkv.engine._request import Request
 
 Key = tuple[int, tuple[int, ...]]
 

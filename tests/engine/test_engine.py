@@ -10,7 +10,8 @@ import torch
 
 import capkv
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupOffloadConnector
-from capkv.engine import Engine, ModelShape, Request, VerificationError, Workload
+from capkv.engine import Engine, ModelShape, VerificationError, Workload
+from capkv.engine._request import Request
 from capkv.testing import NullConnector
 from tests.engine.connectors import BlockStore, FailingLoads, Group0Only, OffByOne
 

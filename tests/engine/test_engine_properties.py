@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from capkv import ConfigError
-from capkv.engine import Engine, ModelShape, Request, VerificationError, Workload
+from capkv.engine import Engine, ModelShape, VerificationError, Workload
+from capkv.engine._request import Request
 from tests.engine.connectors import BlockStore, FailingLoads, OffByOne
 
 

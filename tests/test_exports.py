@@ -1,0 +1,241 @@
+"""The public surface, pinned: which modules are public and what each exports.
+
+Everything else lives in private modules (``capkv/<package>/_name.py``) and can
+move freely. Changing a pin here is changing capkv's API: do it on purpose.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import capkv
+
+ROOT = Path(capkv.__file__).resolve().parent
+
+FRONTS: dict[str, list[str]] = {
+    "capkv": [
+        "AttentionMetadata",
+        "BlockIds",
+        "CapabilityError",
+        "CapkvError",
+        "ComputedTokenRequest",
+        "ConfigError",
+        "ConflictError",
+        "ConnectorMetadata",
+        "ContractError",
+        "FinishError",
+        "ForwardContext",
+        "HMAConnector",
+        "HMAMultiConnector",
+        "HandshakeMetadata",
+        "KVCacheConfigLike",
+        "KVConnector",
+        "KVConnectorBase",
+        "KVConnectorOutput",
+        "KVGroupSpec",
+        "KVSpec",
+        "KVTransferParams",
+        "LoadErrors",
+        "MetadataError",
+        "MultiConnector",
+        "MultiConnectorMetadata",
+        "MultiWorkerMetadata",
+        "NonHMAChild",
+        "Request",
+        "SchedulerOutput",
+        "StackNode",
+        "SubConnectorError",
+        "SupportsHMA",
+        "TokenRequest",
+        "WorkerMetadata",
+        "check_stack",
+        "class_level",
+        "finish_request",
+        "non_hma_children",
+        "require_hma",
+        "supports_hma",
+    ],
+    "capkv.errors": [
+        "ArgumentError",
+        "CapabilityError",
+        "CapkvError",
+        "ConfigError",
+        "ConflictError",
+        "ContractError",
+        "FinishError",
+        "MetadataError",
+        "SubConnectorError",
+    ],
+    "capkv.config": [
+        "ENTRY_POINT_GROUP",
+        "BuildContext",
+        "ConfiguredConnector",
+        "ConfiguredNode",
+        "ConfiguredStack",
+        "ConnectorOptions",
+        "ConnectorRegistry",
+        "Option",
+        "build_connector",
+        "build_stack",
+        "default_registry",
+        "load_stack",
+        "load_stack_file",
+        "register_connector",
+    ],
+    "capkv.connectors": [
+        "BlockKey",
+        "CPUOffloadConnector",
+        "FileStoreConnector",
+        "GroupGeometry",
+        "PrefixHasher",
+        "PrefixStoreConnector",
+        "SingleGroupOffloadConnector",
+        "StoreMetadata",
+        "longest_hit",
+    ],
+    "capkv.engine": [
+        "FULL",
+        "SLIDING",
+        "Engine",
+        "EngineStats",
+        "FinishedRequest",
+        "GroupLayout",
+        "GroupStats",
+        "Mismatch",
+        "ModelShape",
+        "VerificationError",
+        "Workload",
+    ],
+    "capkv.transfer": ["BlockCopier", "CopyHandle", "spec_block_nbytes"],
+    "capkv.devmode": [
+        "ENV_VAR",
+        "Instrumented",
+        "block_copy_hint",
+        "block_groups_hint",
+        "block_ids_hint",
+        "contract_hint",
+        "dev_mode",
+        "enabled",
+        "forced_off",
+        "instrument",
+        "kv_caches_hint",
+        "kv_layer_hint",
+        "set_dev_mode",
+        "single_group_hint",
+        "types_checked",
+    ],
+    "capkv.mypy": ["CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"],
+    "capkv.cli": ["main"],
+    "capkv.testing": [
+        "DEFAULT_LAYOUTS",
+        "DEFAULT_WORKLOAD",
+        "ConformanceFailure",
+        "ConformanceReport",
+        "ConnectorFactory",
+        "HMANullConnector",
+        "NullConnector",
+        "ScenarioResult",
+        "ScheduledRequest",
+        "assert_conformant",
+        "check_connector",
+        "describe_layout",
+        "forward_context",
+        "kv_caches",
+        "make_request",
+        "scheduled",
+        "scheduler_output",
+    ],
+}
+"""Every public module and its exports."""
+
+INTERNAL_PACKAGES = {"capkv.capabilities", "capkv.composite", "capkv.contracts"}
+"""Packages that only hold private modules; their names are public from ``capkv``. They export nothing."""
+
+ALIASES = {("capkv", "capkv.errors")}
+"""The one place a name is public twice: ``capkv.ConfigError`` is ``capkv.errors.ConfigError``."""
+
+
+def public_modules() -> list[str]:
+    found = ["capkv"] + [m.name for m in pkgutil.walk_packages(capkv.__path__, "capkv.")]
+    return sorted(m for m in found if not any(part.startswith("_") for part in m.split(".")))
+
+
+def test_no_module_outside_the_fronts_is_public() -> None:
+    assert set(public_modules()) == set(FRONTS) | INTERNAL_PACKAGES
+
+
+def test_inside_capkv_packages_every_module_is_private() -> None:
+    """On disk too: ``capkv/<package>/`` holds its front (``__init__.py``) and ``_name`` modules only."""
+    public = [
+        str(path.relative_to(ROOT.parent))
+        for path in ROOT.glob("*/**/*.py")
+        if any(not part.startswith("_") for part in path.relative_to(ROOT).parts[1:])
+    ]
+    assert public == []
+
+
+@pytest.mark.parametrize("front", sorted(FRONTS))
+def test_each_front_exports_exactly_its_pinned_names(front: str) -> None:
+    module = importlib.import_module(front)
+    assert sorted(module.__all__) == sorted(FRONTS[front])
+    for name in module.__all__:
+        assert getattr(module, name) is not None
+        assert name in dir(module)
+    with pytest.raises(AttributeError, match="no attribute 'Typo'"):
+        getattr(module, "Typo")  # noqa: B009
+
+
+@pytest.mark.parametrize("package", sorted(INTERNAL_PACKAGES))
+def test_internal_packages_export_nothing(package: str) -> None:
+    assert importlib.import_module(package).__all__ == []
+
+
+@pytest.mark.parametrize("front", sorted(FRONTS))
+def test_what_checkers_read_is_what_the_interpreter_gives(front: str) -> None:
+    """A lazy front's ``if TYPE_CHECKING:`` imports name every export, from where the interpreter takes it."""
+    module = importlib.import_module(front)
+    path = Path(module.__file__ or "")
+    tree = ast.parse(path.read_text())
+    checked = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    if not checked:  # an eager module (errors, mypy, cli): its exports are its own or plainly imported
+        return
+    imported: dict[str, object] = {}
+    for node in ast.walk(checked[0]):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            source = importlib.import_module(node.module)
+            imported.update({alias.name: getattr(source, alias.name) for alias in node.names})
+    assert sorted(imported) == sorted(module.__all__)
+    for name, value in imported.items():
+        assert getattr(module, name) is value, name
+
+
+def test_no_name_is_public_twice() -> None:
+    """One name, one front — so ``capkv.engine`` no longer has a ``Request`` beside ``capkv.Request``."""
+    homes: dict[str, list[str]] = {}
+    for front, names in FRONTS.items():
+        for name in names:
+            homes.setdefault(name, []).append(front)
+    twice = {name: fronts for name, fronts in homes.items() if len(fronts) > 1}
+    for name, fronts in twice.items():
+        assert tuple(sorted(fronts)) in ALIASES, f"{name} is exported by {fronts}"
+        first, second = (importlib.import_module(f) for f in fronts)
+        assert getattr(first, name) is getattr(second, name)
+
+
+def test_no_object_is_public_under_two_names() -> None:
+    seen: dict[int, str] = {}
+    for front, names in FRONTS.items():
+        module = importlib.import_module(front)
+        for name in names:
+            value = getattr(module, name)
+            if isinstance(value, (str, int, tuple, types.ModuleType)) or value is Any:
+                continue  # constants may coincide by value; engine objects capkv does not type are aliases of Any
+            other = seen.setdefault(id(value), name)
+            assert other == name, f"{front}.{name} is also public as {other}"
