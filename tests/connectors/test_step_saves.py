@@ -15,7 +15,8 @@ import pytest
 
 from capkv import ContractError, KVConnectorOutput
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector, StoreMetadata
-from capkv.engine import Engine, ModelShape, Request
+from capkv.engine import Engine, ModelShape
+from capkv.engine._request import Request
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import Req
 from tests.paged import Group, make_spec

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from capkv import MultiConnector
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector
-from capkv.engine import Engine, ModelShape, Request, Workload
+from capkv.engine import Engine, ModelShape, Workload
+from capkv.engine._request import Request
 
 STORE_BLOCKS = 1 << 14
 """Larger than any workload below needs, over every group."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from capkv import BlockIds, KVSpec, KVTransferParams, LoadErrors
-from capkv.engine import Request
+from capkv.engine._request import Request
 from tests.engine.connectors import BlockStore, Group0Only, OffByOne
 
 __all__ = [
