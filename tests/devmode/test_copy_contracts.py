@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from capkv import ContractError, KVSpec
 from capkv.devmode import block_copy_hint, forced_off
-from capkv.devmode._blocks import check_block_copies, check_block_copy
+from capkv.contracts._block_ids import check_block_copies, check_block_copy
 from tests.devmode.strategies import Pool, group_ids, pools
 
 SITE = {"connector": "Offload", "method": "copy_blocks"}

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from capkv import ContractError, KVGroupSpec, KVSpec
 from capkv.devmode import instrument
-from capkv.devmode._tensors import check_kv_tensor
+from capkv.contracts._kv_tensors import check_kv_tensor
 from tests.fakes import HMA
 
 META = torch.device("meta")
