@@ -163,6 +163,13 @@ def test_engine_constructors_refuse(make: Any, parameter: str, value: object) ->
     refused(make, parameter, value)
 
 
+def test_instrument_refuses_a_spec_that_is_not_a_kvspec_in_production_too() -> None:
+    from capkv import instrument
+    from tests.fakes import HMA
+
+    refused(lambda: instrument(HMA(), "spec"), "spec", "spec")  # type: ignore[arg-type]
+
+
 def test_block_id_check_memory_follows_the_ids_not_the_pool() -> None:
     """A pool of 2**31 blocks in 3 groups: checking 3 x 3,000 ids must not try to allocate 25 GB.
 

@@ -145,7 +145,7 @@ def test_refusals_survive_python_O(tmp_path: Path) -> None:
 
 
 def test_kv_spec_rejects_impossible_shapes() -> None:
-    with pytest.raises(ConfigError, match="null_block_id 8 is outside the pool"):
+    with pytest.raises(ConfigError, match=r"null_block_id must be an int in \[0, 7\], got 8"):
         KVSpec(num_groups=1, num_blocks=8, null_block_id=8)
     with pytest.raises(ConfigError, match="2 group specs given for num_groups=1"):
         KVSpec(num_groups=1, num_blocks=8, groups=(KVGroupSpec(), KVGroupSpec()))

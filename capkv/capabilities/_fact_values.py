@@ -10,7 +10,7 @@ the connector, the fact and the value.
 
 from __future__ import annotations
 
-from capkv.capabilities._facts import FINISHED_COUNT, LAYOUT, PIECEWISE, StaticFact
+from capkv.capabilities._facts import LAYOUT, PIECEWISE, StaticFact
 
 __all__ = ["fact_problem"]
 
@@ -23,8 +23,6 @@ def fact_problem(fact: StaticFact, answer: object) -> str | None:
         return "expected None or a layout name such as 'NHD' or 'HND'"
     if fact == PIECEWISE:
         return None if type(answer) is bool else "expected True or False"
-    if fact == FINISHED_COUNT:
-        if answer is None or (type(answer) is int and answer >= 1):
-            return None
-        return "expected None or an int >= 1"
-    return None
+    if answer is None or (type(answer) is int and answer >= 1):  # FINISHED_COUNT
+        return None
+    return "expected None or an int >= 1"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import reprlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,8 +128,9 @@ def _options_ok(node: ConfiguredConnector, context: BuildContext | None, finding
     try:
         options = declared_options(node.cls)
         if options is not None:
-            defaults = {} if context is None else context.defaults
-            extra = {**{k: v for k, v in defaults.items() if k in options.options}, **node.extra_config}
+            defaults: Mapping[str, object] = {} if context is None else context.defaults
+            extra: dict[str, object] = {k: v for k, v in defaults.items() if k in options.options}
+            extra.update(node.extra_config)
             options.check(extra, connector=f'"{node.name}"')
     except ConfigError as exc:
         findings.errors.append(f"{where}{exc}")

@@ -38,7 +38,7 @@ from capkv.connectors._keys import PrefixHasher
 from capkv.connectors._metadata import SaveReport, StoreMetadata
 from capkv.connectors._scheduler import StoreIndex, StoreScheduler
 from capkv.connectors._worker import StoreWorker
-from capkv.contracts._arguments import argument_error
+from capkv.contracts._arguments import require_instance
 from capkv.contracts._base import KVConnectorBase
 from capkv.contracts._engine import (
     AttentionMetadata,
@@ -59,8 +59,7 @@ __all__ = ["PrefixStoreConnector", "require_store_spec"]
 
 def require_store_spec(spec: KVSpec, owner: str) -> KVSpec:
     """``spec``, when it says enough to key, size and copy every group's blocks."""
-    if not isinstance(spec, KVSpec):
-        raise argument_error(owner, "spec", spec, "a capkv.KVSpec", connector=owner, method="__init__")
+    require_instance(spec, KVSpec, owner, "spec", "a capkv.KVSpec", connector=owner, method="__init__")
     if len(spec.groups) != spec.num_groups:
         raise ConfigError(
             f"{owner}: the spec must describe each of its {spec.num_groups} KV-cache groups; it describes {len(spec.groups)}",

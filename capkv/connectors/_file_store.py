@@ -38,7 +38,7 @@ from capkv.connectors._block_file import (
 from capkv.connectors._keys import BlockKey
 from capkv.connectors._metadata import BlockMove
 from capkv.connectors._worker import Landing, StoreWorker
-from capkv.contracts._arguments import argument_error, require_callable, require_str
+from capkv.contracts._arguments import argument_error, require_callable, require_instance, require_str
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
@@ -202,8 +202,10 @@ class FileStoreConnector(PrefixStoreConnector):
     ) -> None:
         name = type(self).__name__
         require_store_spec(spec, name)
-        if not isinstance(root, str | os.PathLike) or not os.fspath(root):
-            raise argument_error(name, "root", root, "a directory path (str or os.PathLike)", connector=name, method="__init__")
+        require_instance(root, (str, os.PathLike), name, "root", "a directory path (str or os.PathLike)",
+                         connector=name, method="__init__")
+        if not os.fspath(root):
+            raise argument_error(name, "root", root, "a non-empty directory path", connector=name, method="__init__")
         require_str(namespace, name, "namespace", connector=name, method="__init__")
         require_callable(write_block, name, "write_block", connector=name)
         self.root: Path = Path(root)

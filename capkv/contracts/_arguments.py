@@ -26,6 +26,7 @@ from capkv.errors import ArgumentError
 __all__ = [
     "argument_error",
     "require_callable",
+    "require_instance",
     "require_device",
     "require_dtype",
     "require_int",
@@ -145,7 +146,7 @@ def require_names(
             raise argument_error(owner, f"{parameter}[{index}]", name, "a non-empty str", group=group, method=method)
     if len(set(names)) != len(names):
         twice = next(name for name in names if names.count(name) > 1)
-        raise argument_error(owner, parameter, value, f"{expected} ({twice!r} is there twice)", group=group, method=method)
+        raise argument_error(owner, parameter, names, f"{expected} ({twice!r} is there twice)", group=group, method=method)
     return cast("tuple[str, ...]", names)
 
 
@@ -153,9 +154,10 @@ def require_shape(
     value: object, owner: str, parameter: str, *, group: int | None = None, method: str | None = None
 ) -> tuple[int, ...]:
     """A non-empty tuple or list of ints >= 1 (a tensor shape), as a tuple."""
-    if not isinstance(value, tuple | list) or not value:
+    given: object = value
+    if not isinstance(given, tuple | list) or not given:
         raise argument_error(owner, parameter, value, "a non-empty tuple of ints >= 1", group=group, method=method)
-    dims = cast("tuple[object, ...] | list[object]", value)
+    dims = cast("tuple[object, ...] | list[object]", given)
     return tuple(
         require_int(dim, owner, f"{parameter}[{index}]", minimum=1, group=group, method=method)
         for index, dim in enumerate(dims)
@@ -179,17 +181,23 @@ def require_device(value: object, owner: str, parameter: str = "device") -> Any:
     """``None``, a ``torch.device``, or a device string such as ``"cpu"`` / ``"cuda:0"`` (made a ``torch.device``)."""
     if value is None:
         return None
-    torch = sys.modules.get("torch")
     if isinstance(value, str):
-        if torch is None:
-            import torch  # a device string needs torch to be parsed
+        import torch  # a device string needs torch to be parsed
+
         try:
             return torch.device(value)
         except (RuntimeError, ValueError) as exc:
             raise argument_error(owner, parameter, value, f"a torch.device or a device name ({exc})") from None
-    if torch is None or not isinstance(value, torch.device):
+    torch_module = sys.modules.get("torch")
+    if torch_module is None or not isinstance(value, torch_module.device):
         raise argument_error(owner, parameter, value, "a torch.device, a device name, or None")
     return value
+
+
+def require_instance(value: object, cls: type[Any] | tuple[type[Any], ...], owner: str, parameter: str, expected: str, **where: Any) -> None:
+    """Refuse ``value`` unless it is a ``cls``: for arguments typed ``cls`` that untyped callers may get wrong."""
+    if not isinstance(value, cls):
+        raise argument_error(owner, parameter, value, expected, **where)
 
 
 def require_callable(value: object, owner: str, parameter: str, *, connector: str | None = None) -> Callable[..., Any]:

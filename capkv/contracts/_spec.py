@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from capkv.contracts._arguments import (
     argument_error,
     require_device,
+    require_instance,
     require_dtype,
     require_int,
     require_names,
@@ -77,8 +78,7 @@ class KVSpec:
         _set(self, "block_dim", require_int(self.block_dim, owner, "block_dim", minimum=0))
         require_dtype(self.dtype, owner)
         _set(self, "device", require_device(self.device, owner))
-        if not isinstance(self.groups, tuple | list):
-            raise argument_error(owner, "groups", self.groups, "a tuple of KVGroupSpec, one per group, or ()")
+        require_instance(self.groups, (tuple, list), owner, "groups", "a tuple of KVGroupSpec, one per group, or ()")
         _set(self, "groups", tuple(cast("tuple[object, ...]", self.groups)))
         for index, group in enumerate(cast("tuple[object, ...]", self.groups)):
             if not isinstance(group, KVGroupSpec):

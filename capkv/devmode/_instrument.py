@@ -34,6 +34,7 @@ from typing import Any, TypeVar, cast
 from beartype import beartype
 
 from capkv.capabilities._hma import StackNode, describe
+from capkv.contracts._arguments import require_instance
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._spec import KVSpec
 from capkv.devmode._hints import (
@@ -59,6 +60,7 @@ def instrument(connector: _C, spec: KVSpec) -> _C:
     :class:`~capkv.CapabilityError` for a composite that cannot be rebuilt over
     new children (no ``with_children``), rather than leaving its children unchecked.
     """
+    require_instance(spec, KVSpec, "instrument", "spec", "a capkv.KVSpec")  # in production too: one isinstance
     if not enabled():
         return connector
     return cast(_C, _instrument(connector, spec, ()))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from capkv.capabilities._hma import describe
 from capkv.capabilities._serving import check_stack
-from capkv.contracts._arguments import argument_error, is_finite_number, require_int
+from capkv.contracts._arguments import argument_error, is_finite_number, require_instance, require_int
 from capkv.contracts._connector import KVConnector
 from capkv.devmode._instrument import instrument
 from capkv.engine._block_pool import BlockPool
@@ -81,8 +81,7 @@ class Engine:
         transfer_timeout_s: float = 60.0,
         scrub_released_blocks: bool = False,
     ) -> None:
-        if not isinstance(shape, ModelShape):
-            raise argument_error("Engine", "shape", shape, "a capkv.engine.ModelShape")
+        require_instance(shape, ModelShape, "Engine", "shape", "a capkv.engine.ModelShape")
         require_int(max_num_seqs, "Engine", "max_num_seqs", minimum=1)
         require_int(max_num_batched_tokens, "Engine", "max_num_batched_tokens", minimum=1)
         if not is_finite_number(transfer_timeout_s) or transfer_timeout_s <= 0:

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import torch
 
-from capkv.contracts._arguments import argument_error, require_dtype, require_int, require_optional_int
+from capkv.contracts._arguments import argument_error, require_dtype, require_instance, require_int, require_optional_int
 from capkv.contracts._spec import KVGroupSpec, KVSpec
 from capkv.errors import ConfigError
 
@@ -71,10 +71,10 @@ class ModelShape:
         require_optional_int(self.sliding_block_size, owner, "sliding_block_size", minimum=1)
         require_int(self.num_blocks, owner, "num_blocks", minimum=2)  # the null block and one more
         require_dtype(self.dtype, owner, optional=False)
-        if self.device not in ("cpu", "cuda") and not (isinstance(self.device, str) and self.device.startswith("cuda:")):
+        require_instance(self.device, str, owner, "device", '"cpu", "cuda" or "cuda:N"')
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise argument_error(owner, "device", self.device, '"cpu", "cuda" or "cuda:N"')
-        if not isinstance(self.pattern, str):
-            raise argument_error(owner, "pattern", self.pattern, f"a str of {FULL!r} and {SLIDING!r}")
+        require_instance(self.pattern, str, owner, "pattern", f"a str of {FULL!r} and {SLIDING!r}")
         if not self.pattern or set(self.pattern) - {FULL, SLIDING}:
             raise ConfigError(
                 f"ModelShape: pattern must be a non-empty string of {FULL!r} (full) and {SLIDING!r} "

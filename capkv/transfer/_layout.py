@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from capkv.contracts._arguments import argument_error
+from capkv.contracts._arguments import require_instance
 from capkv.contracts._kv_tensors import check_kv_cache_types
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
@@ -108,8 +108,7 @@ class KVLayout:
     __slots__ = ("device", "groups", "spec")
 
     def __init__(self, spec: KVSpec, kv_caches: Mapping[str, torch.Tensor], *, owner: str) -> None:
-        if not isinstance(spec, KVSpec):
-            raise argument_error(owner, "spec", spec, "a capkv.KVSpec", connector=owner, method="register_kv_caches")
+        require_instance(spec, KVSpec, owner, "spec", "a capkv.KVSpec", connector=owner, method="register_kv_caches")
         kv_caches = check_kv_cache_types(kv_caches, connector=owner, method="register_kv_caches", spec=spec)
         if len(spec.groups) != spec.num_groups:
             raise ConfigError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,9 @@ import pytest
 
 from capkv import KVConnectorOutput, KVSpec, MultiWorkerMetadata
 from capkv.cli._main import main
-from capkv.connectors import BlockKey, CPUOffloadConnector, FileStoreConnector, PrefixHasher
 from capkv.cli import _demo as demo
+from capkv.connectors import BlockKey, CPUOffloadConnector, FileStoreConnector, PrefixHasher
+from capkv.connectors._metadata import SaveReport
 from capkv.connectors import _block_file as block_file
 from capkv.connectors._block_file import write_block_file
 from capkv.connectors._host_pool import HostPoolIndex
@@ -266,23 +268,28 @@ def test_the_demos_cold_bytes_saved_is_the_same_every_run(capsys: pytest.Capture
     assert len(set(figures)) == 1, figures
 
 
+class BehindStore(FileStoreConnector):
+    """A file store whose writer is :data:`BEHIND`: ``capkv demo --stack tests.connectors.test_saves_once:BehindStore``."""
+
+    def __init__(self, spec: KVSpec, *, root: str | os.PathLike[str], namespace: str = "") -> None:
+        super().__init__(spec, root=root, namespace=namespace, write_block=BEHIND[0])
+
+    def flush(self) -> None:
+        BEHIND[0].open()
+        super().flush()
+
+
+BEHIND: list[HeldWriter] = []
+
+
 def test_the_demos_file_store_saves_each_block_once_however_far_its_writer_falls_behind(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The writer holds every write of the cold run until the demo flushes the store before the
     # warm run: later requests with the same prefixes finish while the first ones' writes wait.
     behind = HeldWriter()
-
-    class BehindStore(FileStoreConnector):
-        def __init__(self, spec: KVSpec, *, root: str | os.PathLike[str], namespace: str = "") -> None:
-            super().__init__(spec, root=root, namespace=namespace, write_block=behind)
-
-        def flush(self) -> None:
-            behind.open()
-            super().flush()
-
-    monkeypatch.setattr(demo, "FileStoreConnector", BehindStore)
-    held = _cold_bytes_saved("file", capsys)
+    monkeypatch.setattr(sys.modules[__name__], "BEHIND", [behind])
+    held = _cold_bytes_saved(f"{__name__}:BehindStore", capsys)
     assert behind.attempts and len(behind.attempts) == len(set(behind.attempts))
     # The host pool has no background writer; both stores save each distinct block once.
     assert held == _cold_bytes_saved("cpu", capsys)
