@@ -66,6 +66,10 @@ class SaveReport:
     """Not stored (a disk error, say): the scheduler may plan them again."""
     loaded_through: int | None = None
     """The last step whose loads ran (``None``: no news); the blocks they read may be evicted."""
+    layout: tuple[bytes, ...] | None = None
+    """The worker's memory-layout fingerprint per group, reported once after ``register_kv_caches``
+    by stores whose stored bytes depend on it (files), so a scheduler side that never saw the KV
+    cache offers only blocks this worker can load."""
 
     def aggregate(self, other: Any, /) -> SaveReport:
         """Merge another worker's report; a key that any worker failed to store counts as failed, and
@@ -78,4 +82,4 @@ class SaveReport:
         failed = self.failed | other.failed
         mine, theirs = self.loaded_through, other.loaded_through
         loaded = None if mine is None or theirs is None else min(mine, theirs)  # a later report covers it
-        return SaveReport((self.stored | other.stored) - failed, failed, loaded)
+        return SaveReport((self.stored | other.stored) - failed, failed, loaded, self.layout or other.layout)

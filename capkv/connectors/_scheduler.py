@@ -29,7 +29,7 @@ nor releases them early.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -43,7 +43,7 @@ from capkv.contracts._token_requests import check_token_request
 from capkv.contracts._block_ids import check_block_groups
 from capkv.errors import ContractError, MetadataError
 
-__all__ = ["StoreIndex", "StoreScheduler"]
+__all__ = ["ChainAwareIndex", "LayoutAwareIndex", "StoreIndex", "StoreScheduler"]
 
 
 @runtime_checkable
@@ -96,6 +96,30 @@ class _Live:
 
 _Candidate = tuple[int, int, int]
 """``(token end, group, block index)``: sorted, a plan follows token order across groups."""
+
+
+@runtime_checkable
+class ChainAwareIndex(Protocol):
+    """An index that keeps prefix chains usable when it evicts (the host pool).
+
+    The scheduler side calls :meth:`use` with a request's chain of each group
+    (head first) around every plan that may reserve, and :meth:`end_use` after it.
+    """
+
+    def use(self, chain: Sequence[BlockKey], /) -> None:
+        """The request being planned uses ``chain``: recent (head most), and not evicted until ``end_use``."""
+        ...
+
+    def end_use(self) -> None: ...
+
+
+@runtime_checkable
+class LayoutAwareIndex(Protocol):
+    """An index whose contents depend on the engine's memory layout (see ``SaveReport.layout``)."""
+
+    def set_layout(self, fingerprints: tuple[bytes, ...], /) -> None:
+        """The worker's layout fingerprint per group."""
+        ...
 
 
 class StoreScheduler:
@@ -195,6 +219,10 @@ class StoreScheduler:
                 self._loads.append(
                     BlockMove(request.request_id, group, tuple(move_ids), tuple(move_keys), tuple(slots))
                 )
+            if isinstance(self._index, ChainAwareIndex):
+                self._index.use([keys.key(group, block, method=method) for block in range(needed.stop)])
+        if isinstance(self._index, ChainAwareIndex):
+            self._index.end_use()
         self.hit_tokens += num_external_tokens
 
     def _accepted(self, request_id: str, offer: tuple[int, int] | None, num_external_tokens: int) -> tuple[int, int]:
@@ -274,14 +302,19 @@ class StoreScheduler:
         method: str,
     ) -> bool:
         """Reserve and plan ``candidates`` in order, skipping null and held blocks, until the store
-        is full; ``cursors`` (per group) advance past every block decided. Whether any was planned."""
+        is full; ``cursors`` (per group) advance past every block decided. Whether any was planned.
+
+        Held blocks are marked used tail first, so a chain's head is its most recent block; a
+        chain-aware index also keeps the request's own chain from being evicted by its saves."""
+        chains = self._chains(keys, candidates, method)
         planned: dict[int, list[tuple[int, BlockKey, int]]] = {}
+        touched: list[BlockKey] = []
         for _, group, block in candidates:
             engine_block = block_id(group, block)
             if engine_block != self._null:
                 key = keys.key(group, block, method=method)
                 if self._index.holds(key):
-                    self._index.touch(key)
+                    touched.append(key)
                 else:
                     slot = self._index.reserve(key)
                     if slot is None:
@@ -289,10 +322,29 @@ class StoreScheduler:
                     planned.setdefault(group, []).append((engine_block, key, slot))
             if cursors is not None:
                 cursors[group] = block + 1
+        if chains is not None and isinstance(self._index, ChainAwareIndex):
+            for chain in chains:
+                self._index.use(chain)  # again: the blocks just reserved take their places in the chain
+            self._index.end_use()
+        else:
+            for key in reversed(touched):
+                self._index.touch(key)
         for group, entries in sorted(planned.items()):
             ids, group_keys, slots = zip(*entries, strict=True)
             into.append(BlockMove(request_id, group, ids, group_keys, slots))
         return bool(planned)
+
+    def _chains(self, keys: RequestKeys, candidates: list[_Candidate], method: str) -> list[list[BlockKey]] | None:
+        """For a chain-aware index: each group's chain up to the last candidate, marked in use."""
+        if not isinstance(self._index, ChainAwareIndex) or not candidates:
+            return None
+        ends: dict[int, int] = {}
+        for _, group, block in candidates:
+            ends[group] = max(ends.get(group, 0), block + 1)
+        chains = [[keys.key(group, block, method=method) for block in range(end)] for group, end in sorted(ends.items())]
+        for chain in chains:
+            self._index.use(chain)
+        return chains
 
     def take_hit_tokens(self) -> int:
         """Tokens loaded into the engine since the last call."""
@@ -346,6 +398,8 @@ class StoreScheduler:
                 f"{self._owner}.{method}: expected SaveReport worker metadata, got {report!r}",
                 connector=self._owner, method=method, value=report,
             )
+        if report.layout is not None and isinstance(self._index, LayoutAwareIndex):
+            self._index.set_layout(report.layout)
         if report.loaded_through is not None:
             for step in [step for step in self._pinned_by_step if step <= report.loaded_through]:
                 for key in self._pinned_by_step.pop(step):

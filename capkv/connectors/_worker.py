@@ -95,6 +95,8 @@ class StoreWorker(ABC):
         """The last step whose loads ran, until reported."""
         self._load_failed: set[str] = set()
         """Requests whose load failed in the step being run."""
+        self._layout: tuple[bytes, ...] | None = None
+        """A layout fingerprint per group not yet reported (see ``SaveReport.layout``)."""
 
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
         self._copier = BlockCopier(self._spec, kv_caches, owner=self._owner)
@@ -170,11 +172,15 @@ class StoreWorker(ABC):
         """The saves that ended since the last call, stored or failed, and the last step whose loads
         ran (``None`` when there is no news)."""
         self._settle(wait=False)
-        if not self._stored and not self._failed and self._loaded_through is None:
+        if not self._stored and not self._failed and self._loaded_through is None and self._layout is None:
             return None
-        report = SaveReport(frozenset(self._stored), frozenset(self._failed), self._loaded_through)
-        self._stored, self._failed, self._loaded_through = set(), set(), None
+        report = SaveReport(frozenset(self._stored), frozenset(self._failed), self._loaded_through, self._layout)
+        self._stored, self._failed, self._loaded_through, self._layout = set(), set(), None, None
         return report
+
+    def announce_layout(self, fingerprints: tuple[bytes, ...]) -> None:
+        """Report the layout fingerprint per group with the next report (stores whose bytes depend on it)."""
+        self._layout = fingerprints
 
     def _settle(self, *, wait: bool) -> None:
         """Move the saves that are over (every save, waiting, when ``wait``) into the next report."""

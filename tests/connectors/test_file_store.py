@@ -2,29 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import gc
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 import torch
+
+from capkv import ConfigError
+from capkv.connectors import _file_store as file_store
 
 from capkv.connectors import FileStoreConnector
 from capkv.connectors._block_file import (
     HEADER_SIZE,
+    PackRecord,
     ReadResult,
-    read_block_file,
+    RecordHeader,
+    read_record,
+    scan_pack,
     sweep_temporary_files,
     tensor_memory,
-    write_block_file,
+    write_pack,
 )
 from capkv.connectors._keys import BlockKey
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine
-from tests.paged import Group, make_spec
+from tests.paged import Group, empty_caches, make_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOWED = [Group(16), Group(16, window=32)]
@@ -35,7 +48,7 @@ import json, sys
 from capkv.connectors import FileStoreConnector
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine
-from tests.paged import Group, make_spec
+from tests.paged import Group, empty_caches, make_spec
 spec = make_spec([Group(16), Group(16, window=32)], num_blocks=64)
 """
 
@@ -99,7 +112,7 @@ time.sleep(600)
             child.kill()
             child.wait()
     leftovers = [p for p in os.listdir(store) if p.endswith(".tmp")]
-    assert leftovers and not [p for p in os.listdir(store) if p.endswith(".kvblock")]
+    assert leftovers and not [p for p in os.listdir(store) if p.endswith(".kvpack")]
 
     spec = make_spec(WINDOWED, num_blocks=64)
     reopened = FileStoreConnector(spec, root=store)  # sweeps the dead writer's temporary file
@@ -108,79 +121,137 @@ time.sleep(600)
     assert engine.run("again", PROMPT + [1]).hit_tokens == 0
 
 
-def test_a_truncated_block_file_is_a_miss(tmp_path: Path) -> None:
+def _packs(root: Path) -> list[Path]:
+    return sorted(root.glob("*.kvpack"))
+
+
+def test_a_truncated_pack_offers_only_its_intact_records(tmp_path: Path) -> None:
     _store(tmp_path)
-    victim = next(p for p in sorted(tmp_path.iterdir()) if p.name.startswith("g1-"))
-    with open(victim, "r+b") as file:
-        file.truncate(victim.stat().st_size // 2)
+    for victim in _packs(tmp_path):
+        with open(victim, "r+b") as file:
+            file.truncate(victim.stat().st_size // 2)
     spec = make_spec(WINDOWED, num_blocks=64)
     run = MiniEngine(spec, FileStoreConnector(spec, root=tmp_path)).run("again", PROMPT + [1])
-    assert run.hit_tokens == 0 and run.loaded == {}
+    assert run.hit_tokens < 96 and run.load_errors == {}  # what is offered loads bit-exact
 
 
 def test_a_corrupted_block_is_reported_never_copied_and_dropped(tmp_path: Path) -> None:
     _store(tmp_path)
-    victim = next(p for p in sorted(tmp_path.iterdir()) if p.name.startswith("g0-"))
+    victim = _packs(tmp_path)[0]
+    first = next(scan_pack(victim))
     with open(victim, "r+b") as file:
-        file.seek(HEADER_SIZE + 100)
+        file.seek(first.offset + HEADER_SIZE + 100)
         byte = file.read(1)
-        file.seek(HEADER_SIZE + 100)
+        file.seek(first.offset + HEADER_SIZE + 100)
         file.write(bytes([byte[0] ^ 0x40]))
     spec = make_spec(WINDOWED, num_blocks=64)
     engine = MiniEngine(spec, FileStoreConnector(spec, root=tmp_path))
     run = engine.run("again", PROMPT + [1])
-    assert run.hit_tokens == 96  # the file looked complete
-    assert list(run.load_errors) == [0] and len(run.load_errors[0]) == 1
-    (bad_block,) = run.load_errors[0]
-    assert len(run.loaded[0]) == 5 and len(run.loaded[1]) == 2  # every other block was loaded bit-exact
-    assert bad_block not in run.loaded[0]
-    # The damaged file was dropped; the engine recomputed the block and the store saved it afresh.
+    assert run.hit_tokens == 96  # the record looked complete
+    assert list(run.load_errors) == [first.key.group] and len(run.load_errors[first.key.group]) == 1
+    (bad_block,) = run.load_errors[first.key.group]
+    assert len(run.loaded[0]) + len(run.loaded[1]) == 7  # every other block was loaded bit-exact
+    assert bad_block not in run.loaded.get(first.key.group, [])
+    # The damaged record was dropped (a tombstone; its pack's good records stay); the engine
+    # recomputed the block and the store saved it afresh.
+    assert victim.exists() and len(list(tmp_path.glob("*.dead"))) == 1
     engine.connector.flush()
     third = engine.run("third", PROMPT + [2])
     assert third.hit_tokens == 96 and third.load_errors == {}
-
-
-def test_blocks_from_another_kv_layout_are_refused(tmp_path: Path) -> None:
-    _store(tmp_path)  # written from the flash layout
-    spec = make_spec(WINDOWED, num_blocks=64, layout="hnd")
-    engine = MiniEngine(spec, FileStoreConnector(spec, root=tmp_path), layout="hnd")
-    run = engine.run("hnd", PROMPT + [1])
-    assert run.hit_tokens == 96
-    assert {g: len(ids) for g, ids in run.load_errors.items()} == {0: 6, 1: 2}
-    assert run.loaded == {}
-    assert len(list(tmp_path.glob("*.kvblock"))) == 8  # the flash engine's files are left alone
+    # Another process sees the tombstone and never offers the damaged record.
+    fresh = MiniEngine(spec, FileStoreConnector(spec, root=tmp_path), seed=3).run("fresh", PROMPT + [3])
+    assert fresh.hit_tokens == 96 and fresh.load_errors == {}
 
 
 def _rows(payload: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
 
 
-def test_block_files_check_everything_in_their_header(tmp_path: Path) -> None:
+def test_pack_records_check_everything_in_their_header(tmp_path: Path) -> None:
     key, other = BlockKey(1, b"k" * 16), BlockKey(1, b"o" * 16)
     fingerprint = b"f" * 32
     payload = _rows(bytes(range(256)) * 4)
-    write_block_file(tmp_path, key, fingerprint, tensor_memory(payload))
+    name, (record,) = write_pack(tmp_path, [PackRecord(key, fingerprint, tensor_memory(payload))])
+    assert list(scan_pack(tmp_path / name)) == [record]
     into = torch.zeros(1024, dtype=torch.uint8)
     memory = tensor_memory(into)
-    assert read_block_file(tmp_path, key, fingerprint, memory) is ReadResult.OK and torch.equal(into, payload)
-    assert read_block_file(tmp_path, key, b"g" * 32, memory) is ReadResult.FOREIGN  # another layout
-    assert read_block_file(tmp_path, BlockKey(0, key.digest), fingerprint, memory) is ReadResult.ABSENT
-    shorter = tensor_memory(torch.zeros(1000, dtype=torch.uint8))
-    assert read_block_file(tmp_path, key, fingerprint, shorter) is ReadResult.FOREIGN  # another block size
-    path = tmp_path / f"{key.name}.kvblock"
-    os.replace(path, tmp_path / f"{other.name}.kvblock")  # a file under another key's name
-    assert read_block_file(tmp_path, other, fingerprint, memory) is ReadResult.DAMAGED
-    os.replace(tmp_path / f"{other.name}.kvblock", path)
-    with open(path, "ab") as file:
-        file.write(b"x")  # trailing bytes
-    assert read_block_file(tmp_path, key, fingerprint, memory) is ReadResult.DAMAGED
+    descriptor = os.open(tmp_path / name, os.O_RDONLY)
+    try:
+        assert read_record(descriptor, record, memory) is ReadResult.OK and torch.equal(into, payload)
+        for wrong in (
+            dataclasses.replace(record, fingerprint=b"g" * 32),  # another layout
+            dataclasses.replace(record, key=other),  # another key at this offset
+            dataclasses.replace(record, crc=record.crc ^ 1),
+        ):
+            assert read_record(descriptor, wrong, memory) is ReadResult.DAMAGED
+        shorter = tensor_memory(torch.zeros(1000, dtype=torch.uint8))
+        assert read_record(descriptor, record, shorter) is ReadResult.DAMAGED  # another block size
+    finally:
+        os.close(descriptor)
+    with open(tmp_path / name, "r+b") as file:
+        file.seek(HEADER_SIZE + 7)
+        file.write(b"x")
+    descriptor = os.open(tmp_path / name, os.O_RDONLY)
+    try:
+        assert read_record(descriptor, record, memory) is ReadResult.DAMAGED  # the CRC catches it
+    finally:
+        os.close(descriptor)
 
 
 def test_sweep_removes_only_dead_writers_temporary_files(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    mine = tmp_path / f".g0-aa.kvblock.{os.getpid()}.abc.tmp"
-    theirs = tmp_path / f".g0-bb.kvblock.{dead.stdout.strip()}.def.tmp"
+    mine = tmp_path / f".aa.kvpack.{os.getpid()}.tmp"
+    theirs = tmp_path / f".bb.kvpack.{dead.stdout.strip()}.tmp"
     mine.write_bytes(b"partial")
     theirs.write_bytes(b"partial")
     assert sweep_temporary_files(tmp_path) == 1
     assert mine.exists() and not theirs.exists()
+
+
+# ---- defects of issue 9 --------------------------------------------------------------------------
+
+
+class _Flaky:
+    """``os`` as the file store sees it, whose ``open`` of a pack fails with ``code`` while armed."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+        self.armed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def open(self, path: object, flags: int, *args: object) -> int:
+        if self.armed and str(path).endswith(".kvpack"):
+            raise OSError(self.code, os.strerror(self.code), str(path))
+        return os.open(path, flags, *args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.EIO, errno.EACCES])
+def test_a_read_error_that_is_not_absence_fails_the_load_and_keeps_the_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """Defect 1, every errno: any OSError but "not found" was taken for damage and the file deleted."""
+    _store(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    flaky = _Flaky(code)
+    monkeypatch.setattr(file_store, "os", flaky)
+    spec = make_spec(WINDOWED, num_blocks=64)
+    engine = MiniEngine(spec, FileStoreConnector(spec, root=tmp_path))
+    flaky.armed = True
+    run = engine.run("again", PROMPT + [1])
+    flaky.armed = False
+    assert run.hit_tokens == 96 and sum(len(ids) for ids in run.load_errors.values()) == 8
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) >= before  # nothing removed
+    assert not list(tmp_path.glob("*.dead"))
+    retry = engine.run("retry", PROMPT + [2])  # the next step's load works: the files were kept
+    assert retry.hit_tokens == 96 and retry.load_errors == {}
+
+
+def test_the_store_is_a_context_manager(tmp_path: Path) -> None:
+    spec = make_spec(WINDOWED, num_blocks=64)
+    with FileStoreConnector(spec, root=tmp_path) as connector:
+        MiniEngine(spec, connector).run("one", PROMPT)
+    assert _packs(tmp_path)  # closing waited for the writes
+    with pytest.raises(ConfigError, match="capacity_bytes must be a positive int"):
+        FileStoreConnector(spec, root=tmp_path, capacity_bytes=0)

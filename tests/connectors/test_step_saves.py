@@ -197,3 +197,44 @@ def test_a_malformed_scheduler_output_is_refused_by_name() -> None:
     assert caught.value.connector == "CPUOffloadConnector" and caught.value.method == "build_connector_meta"
     with pytest.raises(ContractError, match="num_computed_tokens of 'r'"):
         store.build_connector_meta(Output([New("r", ([1], [2]), -1)], num_scheduled_tokens={"r": 1}))
+
+
+# ---- host pool eviction -----------------------------------------------------------------------
+
+
+def _hits(store: CPUOffloadConnector, prompt: list[int], runs: int, *, max_tokens: int) -> list[int]:
+    shape = ModelShape(num_layers=1, pattern="F", num_kv_heads=1, head_dim=8, block_size=16, num_blocks=64)
+    engine = Engine(shape, store)
+    hits: list[int] = []
+    for index in range(runs):
+        engine.reset_prefix_cache()
+        engine.stats.reset()
+        engine.run([Request(f"r{index}", prompt, max_tokens=max_tokens)])
+        hits.append(engine.stats.external_hit_tokens)
+    return hits
+
+
+@pytest.mark.parametrize("max_tokens", [1, 40])
+def test_a_4_slot_pool_serving_a_6_block_prompt_keeps_the_first_4_blocks(max_tokens: int) -> None:
+    """Defect 3: the pool evicted the chain's head first and hit 0, 64, 0, 64 ... tokens.
+
+    Six blocks cannot fit in four slots, so no pool can serve more than the first four (64 tokens):
+    after the first run every run hits exactly that, also when generation fills more blocks later.
+    """
+    shape_spec = ModelShape(num_layers=1, pattern="F", num_kv_heads=1, head_dim=8, block_size=16, num_blocks=64)
+    store = CPUOffloadConnector(shape_spec.kv_spec(), capacity_blocks=4)
+    prompt = tokens(9, 6 * 16 + 1)  # six full blocks and one more token
+    assert _hits(store, prompt, 6, max_tokens=max_tokens) == [0, 64, 64, 64, 64, 64]
+
+
+def test_eviction_takes_the_tail_of_the_chain_used_longest_ago() -> None:
+    shape = ModelShape(num_layers=1, pattern="F", num_kv_heads=1, head_dim=8, block_size=16, num_blocks=64)
+    store = CPUOffloadConnector(shape.kv_spec(), capacity_blocks=6)
+    one, two = tokens(10, 4 * 16 + 1), tokens(11, 4 * 16 + 1)
+    assert _hits(store, one, 1, max_tokens=1) == [0]
+    assert _hits(store, two, 1, max_tokens=1) == [0]  # needs 4 slots: evicts the last 2 blocks of one
+    # Eight blocks in six slots: each prompt, served in turn, finds its head (2 blocks) and saves its
+    # tail again over the tail of the other one — never a head, so no run starts from nothing.
+    for _ in range(3):
+        assert _hits(store, one, 1, max_tokens=1) == [32]
+        assert _hits(store, two, 1, max_tokens=1) == [32]
