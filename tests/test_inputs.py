@@ -106,7 +106,7 @@ def test_capacity_blocks_is_an_int_not_a_bool(value: object) -> None:
     refused(lambda: CPUOffloadConnector(SPEC, capacity_blocks=value), "capacity_blocks", value)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("parameter", "value"), [("root", None), ("root", 3), ("namespace", 1), ("write_block", "w")])
+@pytest.mark.parametrize(("parameter", "value"), [("root", None), ("root", 3), ("namespace", 1), ("write", "w")])
 def test_file_store_arguments(parameter: str, value: object, tmp_path: Path) -> None:
     arguments: dict[str, Any] = {"root": tmp_path, parameter: value}
     refused(lambda: FileStoreConnector(SPEC, **arguments), parameter, value)
@@ -164,7 +164,7 @@ def test_engine_constructors_refuse(make: Any, parameter: str, value: object) ->
 
 
 def test_instrument_refuses_a_spec_that_is_not_a_kvspec_in_production_too() -> None:
-    from capkv import instrument
+    from capkv.devmode import instrument
     from tests.fakes import HMA
 
     refused(lambda: instrument(HMA(), "spec"), "spec", "spec")  # type: ignore[arg-type]

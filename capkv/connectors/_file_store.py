@@ -385,7 +385,7 @@ class FileStoreConnector(PrefixStoreConnector):
         if not os.fspath(root):
             raise argument_error(name, "root", root, "a non-empty directory path", connector=name, method="__init__")
         require_str(namespace, name, "namespace", connector=name, method="__init__")
-        require_callable(write_block, name, "write_block", connector=name)
+        require_callable(write, name, "write", connector=name)
         require_int(capacity_bytes, name, "capacity_bytes", minimum=1, connector=name, method="__init__")
         self.root: Path = Path(root)
         try:
