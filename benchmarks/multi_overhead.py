@@ -21,6 +21,7 @@ Run: python -m benchmarks.multi_overhead [--quick]
 from __future__ import annotations
 
 import sys
+import time
 import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,8 +101,13 @@ class Bookkeeper(Leaf):
 
 
 def best_ns(stmt: Callable[[], object], number: int, repeat: int) -> float:
-    """Per-call time in nanoseconds: the best of ``repeat`` runs (the least disturbed one)."""
-    return min(timeit.repeat(stmt, number=number, repeat=repeat)) / number * 1e9
+    """Per-call CPU time in nanoseconds: the best of ``repeat`` runs (the least disturbed one).
+
+    CPU time of this process, not wall time: on a shared machine a run that is
+    descheduled would otherwise count other processes' work.
+    """
+    timer = timeit.Timer(stmt, timer=time.process_time)
+    return min(timer.repeat(number=number, repeat=repeat)) / number * 1e9
 
 
 def cases(a: Leaf, b: Leaf, stack: Any) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:

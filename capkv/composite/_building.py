@@ -140,7 +140,7 @@ def answers_by_agreement(cls: type[Any], fact: StaticFact) -> bool:
     if not issubclass(cls, StackRuntime):
         return False
     member: object = inspect.getattr_static(cast("type[object]", cls), fact)
-    return member is vars(StackRuntime)[fact]
+    return member is inspect.getattr_static(StackRuntime, fact)
 
 
 def _hma_variant(cls: type[Any]) -> type[Any]:

@@ -22,6 +22,7 @@ from capkv.errors import ConflictError, FinishError
 __all__ = ["FinishResult", "FinishRoutine", "Finisher"]
 
 FinishResult = tuple[bool, KVTransferParams | None]
+_UNSET: Any = object()  # a child's answer before its call returned
 Finisher = Callable[[Request, Any], FinishResult]
 
 
@@ -38,32 +39,35 @@ class FinishRoutine:
         self, request: Request, finishers: tuple[Finisher, ...], block_ids: object, method: str
     ) -> FinishResult:
         """Tell every child; record who saves; merge transfer params; one error if anything failed."""
-        request_id = request.request_id
         savers = 0
+        bit = 1
         returned: list[tuple[int, Any]] | None = None
         failures: Failures | None = None
-        index = 0
         for finish in finishers:
+            answer: Any = _UNSET
             try:
-                answer: Any = finish(request, block_ids)
+                answer = finish(request, block_ids)
+                delay_free, params = answer
             except Exception as exc:
-                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                failures = self._finish_fault(failures, bit.bit_length() - 1, exc, answer, method)
             else:
-                try:
-                    delay_free, params = answer
-                except (TypeError, ValueError):
-                    bad = bad_answer(self._names[index], method, answer, "a (delay_free, kv_transfer_params) pair")
-                    failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
-                else:
-                    if delay_free:
-                        savers |= 1 << index
-                    if params:
-                        returned = [(index, params)] if returned is None else [*returned, (index, params)]
-            index += 1
+                if delay_free:
+                    savers |= bit
+                if params:
+                    item = (bit.bit_length() - 1, params)
+                    returned = [item] if returned is None else [*returned, item]
+            bit <<= 1
         if savers:
-            self._savers[request_id] = self._savers.get(request_id, 0) | savers
+            pending = self._savers
+            request_id = request.request_id
+            if request_id in pending:
+                pending[request_id] |= savers
+            else:
+                pending[request_id] = savers
         if self._load_choice:
-            self._load_choice.pop(request_id, None)
+            self._load_choice.pop(request.request_id, None)
+        if returned is None and failures is None:
+            return savers != 0, None
         merged: KVTransferParams | None = None
         if returned is not None:
             clashes: Failures = []
@@ -71,8 +75,16 @@ class FinishRoutine:
             if clashes:
                 failures = sorted([*(failures or []), *clashes], key=lambda item: item[0])
         if failures:
-            raise self._finish_failed(request_id, method, failures, savers, merged)
+            raise self._finish_failed(request.request_id, method, failures, savers, merged)
         return savers != 0, merged
+
+    def _finish_fault(
+        self, failures: Failures | None, index: int, exc: Exception, answer: object, method: str
+    ) -> Failures:
+        """Record a child's failure: its own exception, or capkv's verdict on an answer that is not a pair."""
+        if answer is not _UNSET and isinstance(exc, (TypeError, ValueError)):
+            exc = bad_answer(self._names[index], method, answer, "a (delay_free, kv_transfer_params) pair")
+        return [(index, exc)] if failures is None else [*failures, (index, exc)]
 
     def _merge_params(self, returned: list[tuple[int, Any]], method: str, clashes: Failures) -> KVTransferParams:
         """Merge the children's ``kv_transfer_params``; a key given twice is a conflict (first one wins)."""

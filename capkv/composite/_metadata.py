@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from capkv.contracts._engine import WorkerMetadata
 from capkv.errors import MetadataError
@@ -66,7 +66,7 @@ class MultiConnectorMetadata:
             return NotImplemented
         return self.children == other.children and self.books == other.books
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__: ClassVar[None]  # type: ignore[assignment]  # compared by value, not hashable
 
     def __repr__(self) -> str:
         return f"MultiConnectorMetadata(children={self.children!r}, books={self.books!r})"

@@ -11,7 +11,7 @@ from typing import Any
 
 from typing_extensions import assert_type
 
-from capkv import HMAMultiConnector, MultiConnector, SupportsHMA
+from capkv import HMAMultiConnector, KVConnector, MultiConnector, SupportsHMA
 from tests.typing_cases._connectors import Disk, Offload
 
 
@@ -26,3 +26,17 @@ assert_type(MyStack(Offload(), Offload()), HMAMultiConnector[Offload, Offload])
 needs_hma(MyStack(Offload(), Offload()))
 needs_hma(MyStack(Offload(), Disk()))  # expect-error
 # ^ mypy+plugin: "MyStack" is not HMA-capable: sub-connector #2 "Disk" does not implement SupportsHMA (missing request_finished_all_groups); an HMA stack needs every child to  [capkv-hma]
+
+
+class Tiered(MultiConnector[*tuple[Any, ...]]):
+    """A subclass with an option of its own, taken by its ``__init__``."""
+
+    def __init__(self, *children: KVConnector, threshold: int = 3) -> None:
+        self.threshold = threshold
+
+
+tiered = Tiered(Offload(), Disk(), threshold=2)
+assert_type(tiered, Tiered)
+assert_type(tiered.threshold, int)
+Tiered(Offload(), threshold="high")  # expect-error
+needs_hma(Tiered(Offload(), Offload(), threshold=2))  # expect-error
