@@ -16,7 +16,11 @@ plugin changes messages, never verdicts:
 * where such a call's result must be HMA-capable — an argument, an assignment,
   a return value, or the receiver of ``request_finished_all_groups`` — the one
   error names every offending child by position and class, with its own code
-  ``capkv-hma``, in the words :func:`capkv.check_stack` and ``capkv check`` use.
+  ``capkv-hma``, in the words :func:`capkv.check_stack` and ``capkv check`` use;
+* a child that is not a ``KVConnector`` at all gets, instead of a list of every
+  overload, one error per child (code ``capkv-connector``) naming the members
+  that differ and how: missing, a parameter renamed, missing or of the wrong
+  type, a wrong return type (:mod:`capkv._mypy_conformance`).
 
 A stack stored in a variable first keeps its precise type, but where that
 variable is used mypy's own message stands (plugins cannot hook it).
@@ -51,15 +55,19 @@ from mypy.types import (
     get_proper_type,
 )
 
+from capkv._mypy_conformance import member_differences
 from capkv.capabilities._hma import HMA_METHOD, NonHMAChild, explain_not_hma
 
-__all__ = ["CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"]
+__all__ = ["CAPKV_CONNECTOR", "CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"]
 
 SUPPORTED_MYPY: tuple[tuple[int, int], ...] = ((2, 3), (2, 4))
 """mypy releases (major, minor) the plugin is tested with; others load, with a warning."""
 
 CAPKV_HMA = ErrorCode("capkv-hma", "A connector stack used where HMA capability is required", "capkv")
 """The error code of the plugin's explanation (``# type: ignore[capkv-hma]`` silences it)."""
+
+CAPKV_CONNECTOR = ErrorCode("capkv-connector", "A stack's child is not a KVConnector", "capkv")
+"""The error code of a non-conforming child's explanation, member by member."""
 
 _STACK = "capkv.composite._multi.MultiConnector"
 _HMA_STACK = "capkv.composite._multi.HMAMultiConnector"
@@ -179,26 +187,57 @@ class CapkvPlugin(Plugin):
             return ctx.default_return_type
         by_expr = {id(e): t for es, ts in zip(ctx.args, ctx.arg_types) for e, t in zip(es, ts)}
         children: list[Type] = []
+        labels: list[str] = []  # how an error names each child: by position while positions are known
         exact = True
         for expr, kind in zip(call.args, call.arg_kinds):
             typ = by_expr.get(id(expr))
             proper = get_proper_type(typ) if typ is not None else None
             if proper is None or kind not in (ARG_POS, ARG_STAR):
                 return ctx.default_return_type
+            items: list[Type] | None = None
             if kind == ARG_POS:
-                children.append(proper)
+                items = [proper]
             elif isinstance(proper, TupleType) and not _has_unpack(proper.items):
-                children.extend(proper.items)
+                items = proper.items
+            if items is not None:
+                for item in items:
+                    children.append(item)
+                    labels.append(f"sub-connector #{len(children)}" if exact else "an unpacked sub-connector")
             else:
                 element = self._element_type(proper)
                 if element is None:
                     return ctx.default_return_type
                 children.append(element)
+                labels.append("an unpacked sub-connector")
                 exact = False
-        if not children or not all(self._is_connector(child) for child in children):
-            return ctx.default_return_type  # the overloads have already said why
+        if not children:
+            return ctx.default_return_type
+        if not all(self._is_connector(child) for child in children):
+            return self._explain_children(ctx.api, call, children, labels)
         hma = all(self._is_hma(child) for child in children)
         return self._stack(children, hma=hma) if exact else self._any_arity_stack(ctx.api, hma=hma)
+
+    def _explain_children(
+        self, api: CheckerPluginInterface, call: CallExpr, children: Sequence[Type], labels: Sequence[str]
+    ) -> Type:
+        """Children that are not connectors: one error each, member by member; the call is then ``Any``.
+
+        Reached only through the catch-all overload item, which the signature hook
+        widened to take any child (see :meth:`_explain_use`), so mypy's list of every
+        overload never precedes it.
+        """
+        stack = _callee_name(call)
+        protocol = self._protocol(_CONNECTOR)
+        for label, child in zip(labels, children, strict=True):
+            proper = get_proper_type(child)
+            if self._is_connector(proper):
+                continue
+            differences = member_differences(proper, protocol, api.options) if isinstance(proper, Instance) else []
+            why = f" ({'; '.join(differences)})" if differences else ""
+            api.fail(
+                f'{stack}: {label} "{_name(proper)}" is not a KVConnector{why}', call, code=CAPKV_CONNECTOR
+            )
+        return AnyType(TypeOfAny.from_error)
 
     def _element_type(self, iterable: ProperType) -> Type | None:
         if isinstance(iterable, AnyType):
@@ -218,6 +257,11 @@ class CapkvPlugin(Plugin):
         stack's type, so mypy's generic error does not follow it.
         """
         signature = ctx.default_signature
+        if _is_catch_all(signature):
+            # The last item takes any children, so that a non-connector child reaches
+            # the function hook (_explain_children) instead of failing every item.
+            anything = ctx.api.named_generic_type("builtins.object", [])
+            signature = signature.copy_modified(arg_types=[anything] * len(signature.arg_types))  # pyright: ignore[reportUnknownMemberType]
         call = ctx.context
         if self._evaluating or not isinstance(call, CallExpr) or not _plausible(signature, call):
             return signature
@@ -336,6 +380,11 @@ def _plausible(signature: CallableType, call: CallExpr) -> bool:
     if signature.is_var_arg:
         return len(call.args) >= 1
     return len(signature.arg_types) == len(call.args)
+
+
+def _is_catch_all(signature: CallableType) -> bool:
+    """The overload item for any number of plain connectors: ``(KVConnector, /, *rest: KVConnector)``."""
+    return signature.is_var_arg and not _is_hma_item(signature)
 
 
 def _is_hma_item(signature: CallableType) -> bool:

@@ -88,8 +88,8 @@ assert_type(MultiConnector(hma, plain).children, tuple[Offload, Disk])
 MultiConnector()  # expect-error
 # ^ mypy+plugin: All overload variants of "MultiConnector" require at least one argument  [call-overload]
 MultiConnector(1)  # expect-error
-# ^ mypy+plugin: No overload variant of "MultiConnector" matches argument type "int"  [call-overload]
+# ^ mypy+plugin: MultiConnector: sub-connector #1 "int" is not a KVConnector (it has none of the contract's members)  [capkv-connector]
 MultiConnector(hma, "disk")  # expect-error
-# ^ mypy+plugin: No overload variant of "MultiConnector" matches argument types "Offload", "str"  [call-overload]
+# ^ mypy+plugin: MultiConnector: sub-connector #2 "str" is not a KVConnector (it has none of the contract's members)  [capkv-connector]
 MultiConnector(object())  # expect-error
-# ^ mypy+plugin: No overload variant of "MultiConnector" matches argument type "object"  [call-overload]
+# ^ mypy+plugin: MultiConnector: sub-connector #1 "object" is not a KVConnector (it has none of the contract's members)  [capkv-connector]
