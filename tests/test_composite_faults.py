@@ -84,7 +84,7 @@ def test_a_send_report_for_a_request_nobody_saves_is_dropped() -> None:
 
 
 def test_dropped_reports_are_counted_by_child_and_reason_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    from capkv.composite._completion import Drop
+    from capkv.composite import Drop
 
     stack, (a, b) = savers(True, True)
     stack.request_finished_all_groups(R, ([1],))

@@ -131,8 +131,9 @@ FRONTS: dict[str, list[str]] = {
         "single_group_hint",
         "types_checked",
     ],
-    "capkv.mypy": ["CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"],
+    "capkv.mypy": ["CAPKV_CONNECTOR", "CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"],
     "capkv.cli": ["main"],
+    "capkv.composite": ["Drop", "DroppedReports"],
     "capkv.testing": [
         "DEFAULT_LAYOUTS",
         "DEFAULT_WORKLOAD",
@@ -155,7 +156,7 @@ FRONTS: dict[str, list[str]] = {
 }
 """Every public module and its exports."""
 
-INTERNAL_PACKAGES = {"capkv.capabilities", "capkv.composite", "capkv.contracts"}
+INTERNAL_PACKAGES = {"capkv.capabilities", "capkv.contracts"}
 """Packages that only hold private modules; their names are public from ``capkv``. They export nothing."""
 
 ALIASES = {("capkv", "capkv.errors")}

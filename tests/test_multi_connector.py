@@ -233,7 +233,7 @@ def test_a_request_loaded_again_after_preemption_is_reported_again() -> None:
 
 
 def test_an_unannounced_receive_is_dropped_and_counted() -> None:
-    from capkv.composite._completion import Drop
+    from capkv.composite import Drop
 
     a, b = HMA("a"), HMA("b")
     stack = MultiConnector(a, b)
