@@ -46,7 +46,7 @@ class Engine:
       KV-cache group is a :class:`~capkv.CapabilityError` here) and the stack's
       required KV-cache layout;
     * in dev mode (``CAPKV_DEV=1``, ``python -X dev`` or
-      :func:`capkv.devmode.dev_mode`), :func:`capkv.instrument` wraps the stack, so
+      :func:`capkv.devmode.dev_mode`), :func:`capkv.devmode.instrument` wraps the stack, so
       every block id and KV tensor the connectors are handed is checked;
     * with ``verify`` (the default), every block a connector loaded is compared
       bit for bit with recomputation before any layer uses it, and every
@@ -66,8 +66,8 @@ class Engine:
     ``torch.set_num_threads(1)`` before serving (``capkv demo`` and
     :func:`capkv.testing.check_connector` do): ``python -m
     benchmarks.engine_threads`` measured the default demo workload at 1.06 s with
-    one thread and 6.23 s with torch's default of 2 on a shared 2-core machine;
-    the gap grows with the core count and with how busy the machine is.
+    one thread and 6.23 s with torch's default of 2 on a shared 2-core machine
+    (5.9x; issue 12 reports ~20x on another machine).
     """
 
     def __init__(
