@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector
-from capkv.engine import Engine, ModelShape, Request
+from capkv.engine import Engine, ModelShape
+from capkv.engine._request import Request
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine
 from tests.paged import Group, empty_caches, make_spec
