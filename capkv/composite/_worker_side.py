@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from typing import Any, cast
-
-import torch
+from typing import TYPE_CHECKING, Any, cast
 
 from capkv.composite._completion import Drop
 from capkv.composite._fanout import HELD, TOLD, Failures, bad_answer, failure
@@ -20,6 +18,9 @@ from capkv.composite._state import StackState
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import AttentionMetadata, ConnectorMetadata, ForwardContext, LoadErrors, WorkerMetadata
 from capkv.errors import ConflictError
+
+if TYPE_CHECKING:  # torch loads only where KV is moved, not with the composite
+    import torch
 
 __all__ = ["WorkerSide"]
 
