@@ -28,11 +28,13 @@ def _small(
 
 DEFAULT_LAYOUTS: tuple[ModelShape, ...] = (
     _small("F", 2, block_size=16, dtype=torch.bfloat16),
+    _small("F", 1, block_size=32, dtype=torch.float16),
     _small("FS", 2, block_size=16, sliding_window=32, dtype=torch.float16),
     _small("FSS", 3, block_size=16, sliding_block_size=32, sliding_window=48, dtype=torch.float32),
     _small("FSSS", 4, block_size=8, sliding_window=20, dtype=torch.bfloat16),
 )
-"""1 group (full attention); 2 groups (full + window 32); 3 groups with 16- and
+"""1 group (full attention) twice: 16-token blocks in bfloat16, 32-token blocks in float16 (a connector
+that is not HMA-capable is served on these); 2 groups (full + window 32); 3 groups with 16- and
 32-token blocks (window 48, float32); 4 groups with 8-token blocks and a window
 (20) that is not a multiple of the block size."""
 

@@ -22,7 +22,7 @@ from capkv.testing import (
 )
 from tests.testing import broken
 
-ONE_GROUP, TWO_GROUPS = DEFAULT_LAYOUTS[0], DEFAULT_LAYOUTS[1]
+ONE_GROUP, TWO_GROUPS = DEFAULT_LAYOUTS[0], DEFAULT_LAYOUTS[2]
 
 
 def test_cpu_offload_connector_conforms() -> None:
@@ -44,10 +44,11 @@ def test_file_store_connector_conforms(tmp_path: Path) -> None:
 def test_single_group_connector_is_served_on_one_group_layouts_only() -> None:
     report = assert_conformant(lambda spec: SingleGroupOffloadConnector(spec, capacity_blocks=2048))
     assert not report.hma
-    assert {r.layout for r in report.results} == {"1 group (full), blocks 16, bfloat16"}
-    assert len(report.not_served) == len(DEFAULT_LAYOUTS) - 1
+    assert {r.layout for r in report.results} == {"1 group (full), blocks 16, bfloat16", "1 group (full), blocks 32, float16"}
+    assert len(report.not_served) == len(DEFAULT_LAYOUTS) - 2
     assert all("not HMA-capable" in why for why in report.not_served)
-    assert [r.warm_loaded_tokens for r in report.results] == [(768,)] * 3
+    # 6 requests of 133 prompt tokens, one left to compute: 128 tokens each load, in 16- or 32-token blocks
+    assert [r.warm_loaded_tokens for r in report.results] == [(768,)] * 6
 
 
 def test_report_says_what_loaded_per_group() -> None:
