@@ -65,9 +65,9 @@ class Engine:
     thread count (one per core) makes each of them pay thread hand-offs. Call
     ``torch.set_num_threads(1)`` before serving (``capkv demo`` and
     :func:`capkv.testing.check_connector` do): ``python -m
-    benchmarks.engine_threads`` measured the default demo workload at 1.06 s with
-    one thread and 6.23 s with torch's default of 2 on a shared 2-core machine
-    (5.9x; issue 12 reports ~20x on another machine).
+    benchmarks.engine_threads`` measured the default demo workload, on a shared
+    2-core machine (load average 9-12), at 1.1-1.9 s with one thread and 6.2-27 s
+    with torch's default of 2: 6x to 15x slower (issue 12 saw ~20x).
     """
 
     def __init__(
