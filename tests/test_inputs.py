@@ -24,6 +24,7 @@ from capkv import CapkvError, ContractError, KVGroupSpec, KVSpec
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector
 from capkv.devmode import types_checked
 from capkv.engine import ModelShape, Workload
+from capkv.engine import Request as EngineRequest
 from capkv.errors import ArgumentError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +158,10 @@ def test_a_store_names_a_request_without_all_token_ids(method: str) -> None:
         (lambda: ModelShape(dtype="bfloat16"), "dtype", "bfloat16"),
         (lambda: Workload(num_requests=2.5), "num_requests", 2.5),
         (lambda: Workload(seed=None), "seed", None),
+        (lambda: EngineRequest("r", "abc", max_tokens=1), "prompt_token_ids", "abc"),
+        (lambda: EngineRequest("r", [1, -2], max_tokens=1), "prompt_token_ids[1]", -2),
+        (lambda: EngineRequest("r", [1], max_tokens=True), "max_tokens", True),
+        (lambda: EngineRequest(7, [1], max_tokens=1), "request_id", 7),
     ],
 )
 def test_engine_constructors_refuse(make: Any, parameter: str, value: object) -> None:

@@ -25,6 +25,7 @@ from capkv.errors import ArgumentError
 
 __all__ = [
     "argument_error",
+    "is_finite_number",
     "require_callable",
     "require_instance",
     "require_device",

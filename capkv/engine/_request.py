@@ -13,6 +13,7 @@ import enum
 import hashlib
 from collections.abc import Sequence
 
+from capkv.contracts._arguments import require_instance, require_int, require_str
 from capkv.errors import ConfigError
 
 __all__ = ["Request", "RequestStatus", "chain_hash"]
@@ -53,7 +54,13 @@ class Request:
     )
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int) -> None:
-        if not prompt_token_ids or max_tokens < 1:
+        require_str(request_id, "Request", "request_id", empty=False)
+        require_instance(prompt_token_ids, (list, tuple), "Request", "prompt_token_ids", "a non-empty list of int token ids")
+        if not all(type(token) is int and token >= 0 for token in prompt_token_ids):
+            for index, token in enumerate(prompt_token_ids):  # name the first bad one
+                require_int(token, "Request", f"prompt_token_ids[{index}]", minimum=0)
+        require_int(max_tokens, "Request", "max_tokens", minimum=1)
+        if not prompt_token_ids:
             raise ConfigError(
                 f"request {request_id!r} needs a non-empty prompt and max_tokens >= 1", method="Request", value=request_id
             )
