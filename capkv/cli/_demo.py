@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--layers", type=_POSITIVE, default=6, help="attention layers (default: 6)")
     model.add_argument("--pattern", default="FSS",
                        help="attention kind per layer, repeated: F full, S sliding window (default: FSS)")
-    model.add_argument("--window", type=_POSITIVE, default=128, help="sliding window in tokens (default: 128)")
+    model.add_argument("--window", type=_POSITIVE, default=64, help="sliding window in tokens (default: 64)")
     model.add_argument("--kv-heads", type=_POSITIVE, default=4, help="KV heads per layer (default: 4)")
     model.add_argument("--head-dim", type=_POSITIVE, default=64, help="(default: 64)")
     model.add_argument("--block-size", type=_POSITIVE, default=16, help="tokens per block (default: 16)")
@@ -88,7 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--prefixes", type=_POSITIVE, default=4, help="distinct shared prefixes (default: 4)")
     work.add_argument("--prefix-len", type=_NATURAL, default=384, help="tokens in each shared prefix (default: 384)")
     work.add_argument("--suffix-len", type=_NATURAL, default=65, help="tokens of each request's own (default: 65)")
-    work.add_argument("--max-tokens", type=_POSITIVE, default=8, help="tokens generated per request (default: 8)")
+    work.add_argument("--max-tokens", type=_POSITIVE, default=128,
+                      help="tokens generated per request (default: 128, twice the default window: sliding-window "
+                           "prefixes the warm run needs scrolled out of the window long before the cold run finished)")
     work.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the paged KV cache lives")
     parser.add_argument("--threads", type=_POSITIVE, default=1,

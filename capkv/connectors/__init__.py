@@ -1,15 +1,17 @@
 """Reference connectors that move real KV for every KV-cache group.
 
-- :class:`CPUOffloadConnector`: a host block pool with LRU eviction;
-- :class:`FileStoreConnector`: one crash-safe file per block in a directory;
+- :class:`CPUOffloadConnector`: a host block pool that evicts prefix chains from the tail;
+- :class:`FileStoreConnector`: crash-safe pack files in a directory, bounded, shared by processes;
 - :class:`SingleGroupOffloadConnector`: single-group on purpose, the
   counter-example that type checkers and :func:`capkv.check_stack` reject on
   multi-group models.
 
 All key blocks by group and a chained content hash of the token prefix, so the
-two stores interoperate in a ``MultiConnector`` stack. :class:`PrefixStoreConnector`
-is their common base, for stores of your own; :func:`longest_hit` is the rule for
-which blocks of each group (sliding windows included) a prefix hit needs.
+two stores interoperate in a ``MultiConnector`` stack, and save each block in
+the step that fills it (read from the scheduler output by vLLM's field names).
+:class:`PrefixStoreConnector` is their common base, for stores of your own;
+:func:`longest_hit` is the rule for which blocks of each group (sliding windows
+included) a prefix hit needs.
 """
 
 from typing import TYPE_CHECKING

@@ -3,15 +3,24 @@
 A file per block costs a create, a rename and (for durability) an fsync each —
 far slower than the bytes themselves — so a writer packs every block it has
 queued into one file: it fills a uniquely named temporary file in the store's
-directory, fsyncs it once, renames it to its final name (atomic on POSIX and
-Windows) and fsyncs the directory. A crash leaves either no pack or a complete
-one, plus at worst a stray temporary file that readers never open. Packs are
+directory, fsyncs it once and renames it to its final name (atomic on POSIX and
+Windows). A crash leaves either no pack or a complete
+one, plus at worst a stray temporary file that readers never open. The directory
+is not fsynced: after a power loss a pack may be missing (a miss, for a cache),
+never half there. Packs are
 immutable, so a reader that opened one keeps reading the same bytes even if
 another process evicts (unlinks) it meanwhile: there are no torn reads.
 
 Every record is self-checking — magic, version, the block's key, a fingerprint
-of the memory layout that produced the bytes, the payload length and a CRC-32 —
-so a truncated, corrupted or stale record is rejected, never loaded. Reading
+of the memory layout that produced the bytes, the payload length and a 64-bit
+checksum of the payload — so a truncated, corrupted or stale record is rejected,
+never loaded. The checksum (:func:`block_checksums`) is a position-weighted sum
+(mod 2**64) of the payload's 8-byte words taken along two axes, every word with
+an odd weight: it changes with every single-bit error, and words moved, swapped,
+zeroed or cut off pass it only by coincidence. Not a defence against an adversary
+(neither is a CRC), but torch computes it for a whole batch of blocks at memory
+speed, about five times faster than ``zlib.crc32`` here, where a CRC alone cost
+more than reading the bytes. Reading
 decides by what happened: a missing pack is a miss; a bad header or CRC is
 damage; any other ``OSError`` (out of file descriptors, an I/O error, no
 permission) is this read's failure only, and says nothing about the file.
@@ -24,7 +33,6 @@ import enum
 import os
 import struct
 import uuid
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +48,9 @@ __all__ = [
     "PackRecord",
     "ReadResult",
     "RecordHeader",
+    "block_checksums",
     "read_record",
+    "read_records",
     "scan_pack",
     "sweep_temporary_files",
     "tensor_memory",
@@ -48,8 +58,11 @@ __all__ = [
 ]
 
 _MAGIC = b"CAPKVBLK"
-_VERSION = 2
-_HEADER = struct.Struct(f"<8sII{DIGEST_SIZE}s32sQI")
+_VERSION = 3
+_HEADER = struct.Struct(f"<8sII{DIGEST_SIZE}s32sQQ")
+_CHUNK_WORDS = 64
+_MIX = 0x0E3779B97F4A7C15
+_weights: dict[int, torch.Tensor] = {}
 HEADER_SIZE = _HEADER.size
 TEMP_SUFFIX = ".tmp"
 PACK_SUFFIX = ".kvpack"
@@ -61,13 +74,43 @@ def tensor_memory(rows: torch.Tensor) -> memoryview:
     return memoryview(buffer).cast("B")
 
 
+def block_checksums(rows: torch.Tensor) -> list[int]:
+    """The checksum of each row of a contiguous CPU ``uint8`` tensor (one block per row)."""
+    count, nbytes = rows.shape
+    if nbytes % 8:
+        words = rows.to(torch.int64)
+    else:
+        words = rows.view(torch.int64)
+    width = words.shape[1]
+    chunk = _CHUNK_WORDS if width % _CHUNK_WORDS == 0 else 1
+    grid = words.view(count, width // chunk, chunk)
+    across, down = grid.sum(dim=2), grid.sum(dim=1)
+    # Each word's total weight, (2c + 1) + 2 * MIX * (2k + 1), is odd: a flip of any single bit moves the sum.
+    mixed = (across * _odd_weights(across.shape[1])).sum(dim=1) + (down * _odd_weights(chunk)).sum(dim=1) * (2 * _MIX)
+    return [int(mixed[index].item()) & 0xFFFF_FFFF_FFFF_FFFF for index in range(count)]
+
+
+def _odd_weights(count: int) -> torch.Tensor:
+    weights = _weights.get(count)
+    if weights is None:
+        weights = _weights[count] = torch.arange(count, dtype=torch.int64) * 2 + 1
+    return weights
+
+
+def payload_checksum(payload: memoryview) -> int:
+    """:func:`block_checksums` of one payload."""
+    return block_checksums(torch.frombuffer(payload, dtype=torch.uint8).view(1, -1))[0] if len(payload) else 0
+
+
 @dataclass(frozen=True)
 class PackRecord:
-    """One block to write: its key, the layout fingerprint its bytes were gathered under, the bytes."""
+    """One block to write: its key, the layout fingerprint its bytes were gathered under, the bytes
+    and their :func:`block_checksums`."""
 
     key: BlockKey
     fingerprint: bytes
     payload: memoryview
+    checksum: int
 
 
 @dataclass(frozen=True)
@@ -80,6 +123,7 @@ class RecordHeader:
     """Of the header; the payload follows it."""
     length: int
     crc: int
+    """The payload's checksum (:func:`block_checksums`)."""
 
 
 def write_pack(root: Path, records: Sequence[PackRecord]) -> tuple[str, list[RecordHeader]]:
@@ -94,7 +138,7 @@ def write_pack(root: Path, records: Sequence[PackRecord]) -> tuple[str, list[Rec
             parts: list[bytes | memoryview] = []
             for record in records:
                 payload = record.payload
-                crc = zlib.crc32(payload)
+                crc = record.checksum
                 parts.append(_HEADER.pack(
                     _MAGIC, _VERSION, record.key.group, record.key.digest, record.fingerprint, len(payload), crc
                 ))
@@ -109,7 +153,6 @@ def write_pack(root: Path, records: Sequence[PackRecord]) -> tuple[str, list[Rec
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    _fsync_directory(root)
     return name, headers
 
 
@@ -159,25 +202,40 @@ class ReadResult(enum.Enum):
     """The read itself failed (``EMFILE``, ``EIO``, ``EACCES`` ...): nothing is known of the file."""
 
 
-def read_record(descriptor: int, record: RecordHeader, into: memoryview) -> ReadResult:
-    """Read ``record`` from an open pack into ``into`` (exactly its length), checking everything."""
-    if record.length != len(into):
-        return ReadResult.DAMAGED
-    header = bytearray(HEADER_SIZE)
+def read_record(descriptor: int, record: RecordHeader, into: torch.Tensor) -> ReadResult:
+    """Read ``record`` from an open pack into ``into`` (a ``uint8`` tensor of its length), checking everything."""
+    return read_records(descriptor, [record], into.view(1, -1))[0]
+
+
+def read_records(descriptor: int, records: Sequence[RecordHeader], rows: torch.Tensor) -> list[ReadResult]:
+    """Read records that lie back to back in an open pack into ``rows`` (one contiguous ``uint8`` row
+    each), in one system call, checking each."""
+    if any(record.length != rows.shape[1] for record in records):
+        return [ReadResult.DAMAGED if r.length != rows.shape[1] else ReadResult.FAILED for r in records]
+    memory = tensor_memory(rows)
+    width = rows.shape[1]
+    headers = [bytearray(HEADER_SIZE) for _ in records]
+    buffers: list[bytearray | memoryview] = []
+    for index, header in enumerate(headers):
+        buffers += (header, memory[index * width : (index + 1) * width])
     try:
-        got = os.preadv(descriptor, [header, into], record.offset)
+        got = os.preadv(descriptor, buffers, records[0].offset)
     except FileNotFoundError:
-        return ReadResult.ABSENT
+        return [ReadResult.ABSENT] * len(records)
     except OSError:
-        return ReadResult.FAILED
-    if got != HEADER_SIZE + record.length:
-        return ReadResult.DAMAGED
-    magic, version, group, digest, fingerprint, length, crc = _HEADER.unpack(header)
-    claimed = (magic, version, BlockKey(group, digest), fingerprint, length, crc)
-    expected = (_MAGIC, _VERSION, record.key, record.fingerprint, record.length, record.crc)
-    if claimed != expected or zlib.crc32(into) != crc:
-        return ReadResult.DAMAGED
-    return ReadResult.OK
+        return [ReadResult.FAILED] * len(records)
+    sums = block_checksums(rows)
+    results: list[ReadResult] = []
+    for record, header, checksum in zip(records, headers, sums, strict=True):
+        got -= HEADER_SIZE + record.length
+        if got < 0:
+            results.append(ReadResult.DAMAGED)  # the pack is shorter than its index said
+            continue
+        magic, version, group, digest, fingerprint, length, stored = _HEADER.unpack(header)
+        claimed = (magic, version, BlockKey(group, digest), fingerprint, length, stored)
+        expected = (_MAGIC, _VERSION, record.key, record.fingerprint, record.length, record.crc)
+        results.append(ReadResult.OK if claimed == expected and checksum == stored else ReadResult.DAMAGED)
+    return results
 
 
 def sweep_temporary_files(root: Path) -> int:
@@ -201,13 +259,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _fsync_directory(root: Path) -> None:
-    if os.name != "posix":
-        return
-    descriptor = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

@@ -1,8 +1,9 @@
-"""``CPUOffloadConnector``: finished requests' KV kept in a host block pool, loaded on a prefix hit.
+"""``CPUOffloadConnector``: computed KV kept in a host block pool, loaded on a prefix hit.
 
 The pool holds ``capacity_blocks`` blocks (each slot as large as the largest
-group's block) and evicts the least recently used block when a save needs
-room — never one that a load or a save is using. On CUDA the pool is pinned
+group's block) and, when a save needs room, evicts from the tail of the prefix
+chain used longest ago — never a block a load or a save is using, nor one of
+the prefix the save extends (see :mod:`capkv.connectors._host_pool`). On CUDA the pool is pinned
 and copies run on a side stream.
 """
 

@@ -40,10 +40,12 @@ import torch
 from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._block_file import (
+    HEADER_SIZE,
     PackRecord,
     ReadResult,
     RecordHeader,
-    read_record,
+    block_checksums,
+    read_records,
     sweep_temporary_files,
     tensor_memory,
     write_pack,
@@ -75,6 +77,9 @@ _KEPT_FAILURES = 64
 
 _OPEN_PACKS = 32
 """Pack files a reader keeps open."""
+
+_RUN_RECORDS = 256
+"""At most this many records per read call (two buffers each, under ``IOV_MAX``)."""
 
 
 class FileIndex:
@@ -180,37 +185,48 @@ class FileStoreWorker(StoreWorker):
     def _load(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, set[int]]:
         rows = copier.host_rows(len(move.block_ids), copier.block_nbytes(move.group))
         fingerprint = self._fingerprints[move.group]
-        good: list[int] = []
-        failed: set[int] = set()
+        results = [ReadResult.ABSENT] * len(move.keys)
+        # Records that lie back to back in one pack (saved together) are read in one call.
+        run: list[tuple[int, str, RecordHeader]] = []
         for index, key in enumerate(move.keys):
-            if self._read(key, fingerprint, tensor_memory(rows[index])) is ReadResult.OK:
-                good.append(index)
-            else:
-                failed.add(move.block_ids[index])
+            found = self._catalog.find(key, fingerprint, refresh=False) or self._catalog.find(key, fingerprint)
+            if found is None:
+                continue
+            name, record = found
+            if run and (len(run) == _RUN_RECORDS or not _continues(run[-1], index, name, record)):
+                self._read_run(run, rows, results)
+                run = []
+            run.append((index, name, record))
+        if run:
+            self._read_run(run, rows, results)
+        good = [i for i, result in enumerate(results) if result is ReadResult.OK]
+        failed = {move.block_ids[i] for i, result in enumerate(results) if result is not ReadResult.OK}
         if not good:
             return FINISHED, failed
         if failed:
             rows = rows[good]
         return copier.scatter(move.group, [move.block_ids[i] for i in good], rows), failed
 
-    def _read(self, key: BlockKey, fingerprint: bytes, into: memoryview) -> ReadResult:
-        found = self._catalog.find(key, fingerprint, refresh=False) or self._catalog.find(key, fingerprint)
-        if found is None:
-            return ReadResult.ABSENT
-        name, record = found
+    def _read_run(self, run: list[tuple[int, str, RecordHeader]], rows: torch.Tensor, results: list[ReadResult]) -> None:
+        """Read records back to back in one pack into their rows; each one's result into ``results``."""
+        name = run[0][1]
         try:
             descriptor = self._descriptor(name)
         except FileNotFoundError:
             self._catalog.forget(name)  # evicted: a miss
-            return ReadResult.ABSENT
-        except OSError:
-            return ReadResult.FAILED  # EMFILE, EACCES, EIO: this load fails, the file stays
-        result = read_record(descriptor, record, into)
-        if result is ReadResult.DAMAGED:
-            self._catalog.bury(name, record)
-        elif result is ReadResult.OK:
+            return
+        except OSError:  # EMFILE, EACCES, EIO: these loads fail, the file stays
+            for index, _, _ in run:
+                results[index] = ReadResult.FAILED
+            return
+        first = run[0][0]  # a run's rows are consecutive too: its records are the move's in order
+        read = read_records(descriptor, [record for _, _, record in run], rows[first : first + len(run)])
+        for (index, _, record), result in zip(run, read, strict=True):
+            results[index] = result
+            if result is ReadResult.DAMAGED:
+                self._catalog.bury(name, record)
+        if ReadResult.OK in read:
             self._catalog.used(name)
-        return result
 
     def _descriptor(self, name: str) -> int:
         descriptor = self._open.get(name)
@@ -281,8 +297,9 @@ class FileStoreWorker(StoreWorker):
                 job.landed.set_result(job.move.keys)
                 continue
             written.append(job)
+            sums = block_checksums(job.rows)
             records += (
-                PackRecord(key, job.fingerprint, tensor_memory(job.rows[index]))
+                PackRecord(key, job.fingerprint, tensor_memory(job.rows[index]), sums[index])
                 for index, key in enumerate(job.move.keys)
             )
         if not written:
@@ -347,6 +364,16 @@ class FileStoreWorker(StoreWorker):
             self._thread.join(timeout=60)
             for name in list(self._open):
                 self._close(name)
+
+
+def _continues(last: tuple[int, str, RecordHeader], index: int, name: str, record: RecordHeader) -> bool:
+    """Whether ``record`` (the move's ``index``-th block) can join a read run ending with ``last``:
+    the next row, the same pack, right after it."""
+    last_index, last_name, last_record = last
+    return (
+        last_index + 1 == index and last_name == name
+        and last_record.offset + HEADER_SIZE + last_record.length == record.offset
+    )
 
 
 class FileStoreConnector(PrefixStoreConnector):

@@ -28,6 +28,8 @@ from capkv.connectors._block_file import (
     PackRecord,
     ReadResult,
     RecordHeader,
+    block_checksums,
+    payload_checksum,
     read_record,
     scan_pack,
     sweep_temporary_files,
@@ -171,20 +173,20 @@ def test_pack_records_check_everything_in_their_header(tmp_path: Path) -> None:
     key, other = BlockKey(1, b"k" * 16), BlockKey(1, b"o" * 16)
     fingerprint = b"f" * 32
     payload = _rows(bytes(range(256)) * 4)
-    name, (record,) = write_pack(tmp_path, [PackRecord(key, fingerprint, tensor_memory(payload))])
+    memory = tensor_memory(payload)
+    name, (record,) = write_pack(tmp_path, [PackRecord(key, fingerprint, memory, payload_checksum(memory))])
     assert list(scan_pack(tmp_path / name)) == [record]
     into = torch.zeros(1024, dtype=torch.uint8)
-    memory = tensor_memory(into)
     descriptor = os.open(tmp_path / name, os.O_RDONLY)
     try:
-        assert read_record(descriptor, record, memory) is ReadResult.OK and torch.equal(into, payload)
+        assert read_record(descriptor, record, into) is ReadResult.OK and torch.equal(into, payload)
         for wrong in (
             dataclasses.replace(record, fingerprint=b"g" * 32),  # another layout
             dataclasses.replace(record, key=other),  # another key at this offset
             dataclasses.replace(record, crc=record.crc ^ 1),
         ):
-            assert read_record(descriptor, wrong, memory) is ReadResult.DAMAGED
-        shorter = tensor_memory(torch.zeros(1000, dtype=torch.uint8))
+            assert read_record(descriptor, wrong, into) is ReadResult.DAMAGED
+        shorter = torch.zeros(1000, dtype=torch.uint8)
         assert read_record(descriptor, record, shorter) is ReadResult.DAMAGED  # another block size
     finally:
         os.close(descriptor)
@@ -193,9 +195,27 @@ def test_pack_records_check_everything_in_their_header(tmp_path: Path) -> None:
         file.write(b"x")
     descriptor = os.open(tmp_path / name, os.O_RDONLY)
     try:
-        assert read_record(descriptor, record, memory) is ReadResult.DAMAGED  # the CRC catches it
+        assert read_record(descriptor, record, into) is ReadResult.DAMAGED  # the checksum catches it
     finally:
         os.close(descriptor)
+
+
+def test_the_checksum_sees_every_bit_flip_and_moved_words() -> None:
+    generator = torch.Generator().manual_seed(1)
+    block = torch.randint(0, 256, (1, 4096), dtype=torch.uint8, generator=generator)
+    (base,) = block_checksums(block)
+    for bit in range(0, 4096 * 8, 97):
+        flipped = block.clone()
+        flipped[0, bit // 8] ^= 1 << (bit % 8)
+        assert block_checksums(flipped)[0] != base
+    words = block.view(torch.int64)
+    for i, j in ((0, 1), (0, 64), (3, 200), (100, 101), (5, 69)):
+        swapped = words.clone()
+        swapped[0, i], swapped[0, j] = words[0, j].item(), words[0, i].item()
+        assert block_checksums(swapped.view(torch.uint8))[0] != base
+    assert block_checksums(torch.zeros_like(block))[0] != base
+    odd = torch.randint(0, 256, (2, 1001), dtype=torch.uint8, generator=generator)  # not whole words
+    assert len(set(block_checksums(odd))) == 2
 
 
 def test_sweep_removes_only_dead_writers_temporary_files(tmp_path: Path) -> None:
@@ -255,3 +275,28 @@ def test_the_store_is_a_context_manager(tmp_path: Path) -> None:
     assert _packs(tmp_path)  # closing waited for the writes
     with pytest.raises(ConfigError, match="capacity_bytes must be an int >= 1"):
         FileStoreConnector(spec, root=tmp_path, capacity_bytes=0)
+
+
+def test_two_stores_sharing_a_root_evict_each_others_packs_safely(tmp_path: Path) -> None:
+    """Two engines (each with its own view of the directory, as two processes have) share one bounded
+    root: what one evicts the other finds gone (a miss, or a load error it recomputes), an open pack
+    stays readable after the other removed it, and nothing ever loads wrong KV (both engines check
+    every loaded block bit for bit)."""
+    spec = make_spec(WINDOWED, num_blocks=256)
+    capacity = 2 * 8 * (HEADER_SIZE + 2 * 16 * 2 * 8 * 2 * 2)  # about two prompts' packs
+    with FileStoreConnector(spec, root=tmp_path, capacity_bytes=capacity) as one, FileStoreConnector(
+        spec, root=tmp_path, capacity_bytes=capacity
+    ) as two:
+        writer, reader = MiniEngine(spec, one, seed=1), MiniEngine(spec, two, seed=2)
+        prompts = [tokens(300 + i, 100) for i in range(6)]
+        outcomes: list[tuple[int, int]] = []
+        for index, prompt in enumerate(prompts):
+            writer.run(f"w{index}", prompt)
+            one.flush()
+            fresh = reader.run(f"r{index}", prompt + [1])
+            assert fresh.hit_tokens == 96 and fresh.load_errors == {}  # the other engine's blocks, exact
+            two.flush()
+            old = reader.run(f"old{index}", prompts[0] + [2])  # evicted long ago, or still open
+            outcomes.append((old.hit_tokens, sum(len(ids) for ids in old.load_errors.values())))
+            assert sum(p.stat().st_size for p in tmp_path.glob("*.kvpack")) <= capacity + 8 * 16 * 1024
+        assert any(errors or not hit for hit, errors in outcomes[2:])  # the first prompt's packs did go
