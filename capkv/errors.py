@@ -61,6 +61,7 @@ def _restore(cls: type[CapkvError], args: tuple[object, ...], state: dict[str, o
     return error
 
 
+
 class CapabilityError(CapkvError):
     """A connector (or a child of a stack) lacks a capability the engine needs.
 

@@ -321,3 +321,33 @@ def test_a_stack_can_be_copied_and_pickled_with_its_state() -> None:
     sub = Tiered(HMA("a"), HMA("b"), threshold=5)
     for clone in (copy.deepcopy(sub), pickle.loads(pickle.dumps(sub))):
         assert isinstance(clone, Tiered) and clone.threshold == 5 and supports_hma(clone)
+
+
+# ---- nested stacks ----------------------------------------------------------------------
+
+
+def test_a_nested_stacks_accepted_saves_keep_the_blocks_when_its_sibling_raises() -> None:
+    inner_saver, inner_broken, outer_plain = HMA("a"), HMA("b"), HMA("c")
+    inner_saver.delay_free = True
+    inner_broken.request_finished_all_groups = raising(OSError("disk gone"))  # type: ignore[method-assign]
+    inner = MultiConnector(inner_saver, inner_broken)
+    stack = MultiConnector(inner, outer_plain)
+    with pytest.raises(capkv.FinishError) as info:
+        stack.request_finished_all_groups(R, ([1],))
+    assert info.value.delay_free is True, "#1.1 accepted a save: the engine must keep the blocks"
+    inner_saver.finished = ({"r1"}, None)
+    assert step(stack) == ({"r1"}, None), "reported by the nested stack, which the outer one waits for"
+
+
+def test_a_nested_stacks_partial_metadata_is_kept_by_the_outer_one() -> None:
+    a, b, c = HMA("a"), HMA("b"), HMA("c")
+    a.delay_free = True
+    b.build_connector_meta = raising(ValueError("bad plan"))  # type: ignore[method-assign]
+    stack = MultiConnector(MultiConnector(a, b), c)
+    stack.request_finished_all_groups(R, ([1],))
+    with pytest.raises(capkv.SubConnectorError) as info:
+        stack.build_connector_meta(None)
+    stack.bind_connector_metadata(info.value.partial)
+    assert a.calls[-1] == ("bind_connector_metadata", ("meta-a",)), "#1.1's planned save reaches its worker side"
+    a.finished = ({"r1"}, None)
+    assert stack.get_finished(set()) == ({"r1"}, None)

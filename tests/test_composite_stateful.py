@@ -1,6 +1,6 @@
 """Random schedules against a stack whose children fail at random points and report sloppily.
 
-An engine drives ``MultiConnector`` step by step (finish, build, bind, report,
+An engine drives ``MultiConnector`` (flat, or with a nested stack) step by step (finish, build, bind, report,
 update) while hypothesis picks which child raises where, which saves complete,
 and which children repeat a report, report a save they did not accept, or
 report a load they are not doing. After every step:
@@ -106,11 +106,14 @@ class Child(KVConnectorBase[Request]):
 class StackSchedules(RuleBasedStateMachine):
     schedules = 0
 
-    @initialize(n=st.integers(1, 4))
-    def build(self, n: int) -> None:
+    @initialize(n=st.integers(1, 4), nested=st.booleans())
+    def build(self, n: int, nested: bool) -> None:
         StackSchedules.schedules += 1
         self.kids = [Child(i) for i in range(n)]
-        self.stack: Any = MultiConnector(*self.kids)
+        if nested and n >= 3:  # the last children in a stack of their own: #1, #2, #3.1, #3.2
+            self.stack: Any = MultiConnector(*self.kids[:2], MultiConnector(*self.kids[2:]))
+        else:
+            self.stack = MultiConnector(*self.kids)
         self.next_id = 0
         self.kept: set[str] = set()          # finished requests whose blocks the engine keeps
         self.released: set[str] = set()      # ... and that came back in finished_sending

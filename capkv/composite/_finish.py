@@ -24,6 +24,7 @@ __all__ = ["FinishResult", "FinishRoutine", "Finisher"]
 FinishResult = tuple[bool, KVTransferParams | None]
 _UNSET: Any = object()  # a child's answer before its call returned
 Finisher = Callable[[Request, Any], FinishResult]
+"""A child's finish member; the stack keeps each with its child's bit (``1 << index``)."""
 
 
 class FinishRoutine:
@@ -32,38 +33,37 @@ class FinishRoutine:
     __slots__ = ()
 
     _names: tuple[str, ...]
-    _savers: dict[str, int]
+    _savers: list[tuple[str, int]]
     _load_choice: dict[str, tuple[int, bool]]
 
     def _finish(
-        self, request: Request, finishers: tuple[Finisher, ...], block_ids: object, method: str
+        self, request: Request, finishers: tuple[tuple[int, Finisher], ...], block_ids: object, method: str
     ) -> FinishResult:
         """Tell every child; record who saves; merge transfer params; one error if anything failed."""
         savers = 0
-        bit = 1
         returned: list[tuple[int, Any]] | None = None
         failures: Failures | None = None
-        for finish in finishers:
+        for bit, finish in finishers:
             answer: Any = _UNSET
             try:
                 answer = finish(request, block_ids)
                 delay_free, params = answer
             except Exception as exc:
                 failures = self._finish_fault(failures, bit.bit_length() - 1, exc, answer, method)
+                if isinstance(exc, FinishError):  # a nested stack: some of its children may be saving
+                    if exc.delay_free:
+                        savers |= bit
+                    if exc.kv_transfer_params:
+                        item = (bit.bit_length() - 1, exc.kv_transfer_params)
+                        returned = [item] if returned is None else [*returned, item]
             else:
                 if delay_free:
                     savers |= bit
                 if params:
                     item = (bit.bit_length() - 1, params)
                     returned = [item] if returned is None else [*returned, item]
-            bit <<= 1
         if savers:
-            pending = self._savers
-            request_id = request.request_id
-            if request_id in pending:
-                pending[request_id] |= savers
-            else:
-                pending[request_id] = savers
+            self._savers.append((request.request_id, savers))
         if self._load_choice:
             self._load_choice.pop(request.request_id, None)
         if returned is None and failures is None:

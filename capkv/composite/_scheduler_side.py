@@ -17,6 +17,7 @@ from capkv.composite._finish import FinishResult, FinishRoutine
 from capkv.composite._metadata import NOT_BUILT, Book, MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.composite._state import UNSET, StackState
 from capkv.contracts._engine import BlockIds, HandshakeMetadata, KVConnectorOutput, Request, SchedulerOutput
+from capkv.errors import SubConnectorError
 
 __all__ = ["SchedulerSide"]
 
@@ -89,8 +90,8 @@ class SchedulerSide(FinishRoutine, StackState):
                     child.update_state_after_alloc(request, blocks, num_external_tokens if index == loader else 0)
                 except Exception as exc:
                     failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                    if index == loader:
-                        choice = None
+                    if index == loader and not (isinstance(exc, SubConnectorError) and exc.partial):
+                        choice = None  # the loader failed (a nested stack says if its loader started)
             if choice is not None and load_async:
                 self._loads[request.request_id] = loader
         if failures:
@@ -112,12 +113,16 @@ class SchedulerSide(FinishRoutine, StackState):
                 append(child.build_connector_meta(scheduler_output))
             except Exception as exc:
                 failures = [(len(metas), exc)] if failures is None else [*failures, (len(metas), exc)]
-                append(NOT_BUILT)
+                # a nested stack that failed in part still built its other children's metadata
+                append(exc.partial if isinstance(exc, SubConnectorError) and exc.partial is not None else NOT_BUILT)
         books = self._unsent
         if self._savers or self._loads:
+            savers: dict[str, int] = {}
+            for request_id, mask in self._savers:  # finished requests, in order, since the last book
+                savers[request_id] = savers.get(request_id, 0) | mask
             self._serial += 1
-            books = (*books, Book(self._origin, self._serial, self._savers, self._loads))
-            self._savers = {}
+            books = (*books, Book(self._origin, self._serial, savers, self._loads))
+            self._savers = []
             self._loads = {}
         metadata = MultiConnectorMetadata(tuple(metas), books)
         if failures:

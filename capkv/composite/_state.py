@@ -60,7 +60,7 @@ class StackState(StackNode):
     _names: tuple[str, ...]
     _active: tuple[KVConnector, ...]
     _load_choice: dict[str, tuple[int, bool]]
-    _savers: dict[str, int]
+    _savers: list[tuple[str, int]]
     _loads: dict[str, int]
     _unsent: tuple[Book, ...]
     _origin: str
@@ -75,8 +75,8 @@ class StackState(StackNode):
     _held_events: list[object] | None
     _held_worker_metas: tuple[WorkerMetadata | None, ...] | None
     _held_stats: dict[int, object] | None
-    _single_finishers: tuple[Finisher, ...]
-    _hma_finishers: tuple[Finisher, ...]
+    _single_finishers: tuple[tuple[int, Finisher], ...]
+    _hma_finishers: tuple[tuple[int, Finisher], ...]
     _init_kwargs: dict[str, Any]
 
     def _setup(self, children: tuple[KVConnector, ...], names: tuple[str, ...], hma: bool,
@@ -85,7 +85,7 @@ class StackState(StackNode):
         self._children = self._active = children
         self._names = names
         self._load_choice = {}
-        self._savers = {}
+        self._savers = []
         self._loads = {}
         self._unsent = ()
         self._origin = uuid.uuid4().hex
@@ -99,8 +99,10 @@ class StackState(StackNode):
         self._held_events = None
         self._held_worker_metas = None
         self._held_stats = None
-        self._single_finishers = tuple(c.request_finished for c in children)
-        self._hma_finishers = tuple(getattr(c, "request_finished_all_groups") for c in children) if hma else ()
+        self._single_finishers = tuple((1 << i, c.request_finished) for i, c in enumerate(children))
+        self._hma_finishers = (
+            tuple((1 << i, getattr(c, "request_finished_all_groups")) for i, c in enumerate(children)) if hma else ()
+        )
         self._init_kwargs = init_kwargs
 
     @property
@@ -173,7 +175,7 @@ class StackState(StackNode):
         """The stack's bookkeeping (both sides), and a subclass's own attributes."""
         state: dict[str, object] = {
             "load_choice": dict(self._load_choice),
-            "savers": dict(self._savers),
+            "savers": list(self._savers),
             "loads": dict(self._loads),
             "unsent": self._unsent,
             "origin": self._origin,
@@ -191,7 +193,7 @@ class StackState(StackNode):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._load_choice = dict(state["load_choice"])
-        self._savers = dict(state["savers"])
+        self._savers = list(state["savers"])
         self._loads = dict(state["loads"])
         self._unsent = state["unsent"]
         self._origin = state["origin"]
