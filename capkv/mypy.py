@@ -28,35 +28,40 @@ variable is used mypy's own message stands (plugins cannot hook it).
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeGuard
+from pathlib import Path
 
 # mypy.plugin first: it imports mypy's modules in the order their cycles need.
-from mypy.plugin import CheckerPluginInterface, FunctionContext, FunctionSigContext, Plugin  # isort: skip
+from mypy.plugin import (  # isort: skip
+    CheckerPluginInterface,
+    FunctionContext,
+    FunctionSigContext,
+    Plugin,
+    ReportConfigContext,
+)
 from mypy.errorcodes import ErrorCode
-from mypy.maptype import map_instance_to_supertype
-from mypy.nodes import ARG_POS, ARG_STAR, CallExpr, Context, Expression, MypyFile, RefExpr, TypeInfo
+from mypy.nodes import ARG_POS, ARG_STAR, CallExpr, Context, Expression, MypyFile, RefExpr
 from mypy.options import Options
-from mypy.subtypes import is_subtype
 from mypy.traverser import NameAndMemberCollector
 from mypy.types import (
     AnyType,
     CallableType,
     FunctionLike,
     Instance,
-    ProperType,
     TupleType,
     Type,
     TypeOfAny,
-    TypeVarType,
-    UnpackType,
     get_proper_type,
 )
 
+from capkv import _mypy_conformance, _mypy_rule
 from capkv._mypy_conformance import member_differences
-from capkv.capabilities._hma import HMA_METHOD, NonHMAChild, explain_not_hma
+from capkv._mypy_rule import CONNECTOR, HMA_STACK, StackRule, has_unpack, type_name
+from capkv.capabilities import _hma
+from capkv.capabilities._hma import HMA_METHOD, explain_not_hma
 
 __all__ = ["CAPKV_CONNECTOR", "CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"]
 
@@ -69,11 +74,10 @@ CAPKV_HMA = ErrorCode("capkv-hma", "A connector stack used where HMA capability 
 CAPKV_CONNECTOR = ErrorCode("capkv-connector", "A stack's child is not a KVConnector", "capkv")
 """The error code of a non-conforming child's explanation, member by member."""
 
-_STACK = "capkv.composite._multi.MultiConnector"
-_HMA_STACK = "capkv.composite._multi.HMAMultiConnector"
-_CONNECTOR = "capkv.contracts._connector.KVConnector"
-_HMA_CONNECTOR = "capkv.contracts._connector.HMAConnector"
-_ITERABLE = "typing.Iterable"
+
+_RULE_DIGEST = hashlib.sha256(
+    b"".join(Path(module.__file__ or "").read_bytes() for module in (_mypy_conformance, _mypy_rule, _hma))
+).hexdigest()
 
 
 class CapkvPlugin(Plugin):
@@ -89,13 +93,17 @@ class CapkvPlugin(Plugin):
         self._reset()
 
     def _reset(self) -> None:
-        self._stack_classes: dict[str, bool] = {}
-        self._infos: dict[str, TypeInfo] = {}
+        self._rule = StackRule(self.lookup_fully_qualified)
         self._receivers: dict[int, tuple[MypyFile, frozenset[int], list[CallExpr]]] = {}
         self._verdicts: dict[int, tuple[CallExpr, Type | None, _Verdict | None]] = {}
-        self._capabilities: dict[Type, tuple[bool, bool]] = {}  # type -> (connector, HMA)
-        self._demands: dict[Type, bool] = {}  # expected type -> whether it wants an HMA stack
         self._evaluating = 0  # > 0 while typing a stack's children for a verdict
+
+    def report_config_data(self, ctx: ReportConfigContext) -> str:
+        """The rule's own version: mypy re-checks cached modules when the rule modules change.
+
+        mypy fingerprints the plugin module (this file) only; the rule lives beside it.
+        """
+        return _RULE_DIGEST
 
     # ---- hook registration ---------------------------------------------------------
 
@@ -103,78 +111,11 @@ class CapkvPlugin(Plugin):
         self, fullname: str
     ) -> Callable[[FunctionSigContext], FunctionLike] | None:
         """Constructing a stack: explain, before overload resolution, why it cannot be HMA here."""
-        return self._explain_use if self._is_stack_class(fullname) else None
+        return self._explain_use if self._rule.is_stack_class(fullname) else None
 
     def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
         """Constructing a stack: its type from every child's type."""
-        return self._stack_type if self._is_stack_class(fullname) else None
-
-    def _is_stack_class(self, fullname: str) -> bool:
-        known = self._stack_classes.get(fullname)
-        if known is None:
-            symbol = self.lookup_fully_qualified(fullname)
-            node = symbol.node if symbol is not None else None
-            known = isinstance(node, TypeInfo) and node.has_base(_STACK)
-            self._stack_classes[fullname] = known
-        return known
-
-    def _info(self, fullname: str) -> TypeInfo:
-        info = self._infos.get(fullname)
-        if info is None:
-            symbol = self.lookup_fully_qualified(fullname)
-            node = symbol.node if symbol is not None else None
-            if not isinstance(node, TypeInfo):  # a stack was built, so capkv is analysed
-                raise LookupError(f"capkv.mypy: {fullname} is not a class known to mypy")
-            info = self._infos[fullname] = node
-        return info
-
-    # ---- the rule, on types ------------------------------------------------------------
-
-    def _protocol(self, fullname: str) -> Instance:
-        return Instance(self._info(fullname), [AnyType(TypeOfAny.special_form)])
-
-    def _is_connector(self, typ: Type) -> bool:
-        return self._capability(typ)[0]
-
-    def _is_hma(self, typ: Type) -> bool:
-        """The static rule: an HMAConnector. ``Any`` proves nothing, so it is not."""
-        return self._capability(typ)[1]
-
-    def _capability(self, typ: Type) -> tuple[bool, bool]:
-        """(is a KVConnector, is an HMAConnector), memoised: protocol checks are costly."""
-        proper = get_proper_type(typ)
-        if isinstance(proper, AnyType):
-            return True, False
-        if isinstance(proper, Instance) and proper.type.fullname in (_STACK, _HMA_STACK):
-            return True, proper.type.fullname == _HMA_STACK  # the composite's own rule
-        known = self._capabilities.get(proper)
-        if known is None:
-            hma = is_subtype(proper, self._protocol(_HMA_CONNECTOR))
-            known = self._capabilities[proper] = (hma or is_subtype(proper, self._protocol(_CONNECTOR)), hma)
-        return known
-
-    def _stack(self, children: Sequence[Type], *, hma: bool) -> Instance:
-        return Instance(self._info(_HMA_STACK if hma else _STACK), list(children))
-
-    def _any_arity_stack(self, api: CheckerPluginInterface, *, hma: bool) -> Instance:
-        anything = api.named_generic_type("builtins.tuple", [AnyType(TypeOfAny.special_form)])
-        return self._stack([UnpackType(anything)], hma=hma)
-
-    def _offenders(self, children: Sequence[Type], path: tuple[int, ...] = ()) -> list[NonHMAChild]:
-        """Every non-HMA leaf below ``children``, by position — the runtime walk, on types."""
-        found: list[NonHMAChild] = []
-        for index, child in enumerate(children, start=1):
-            where = (*path, index)
-            proper = get_proper_type(child)
-            if isinstance(proper, AnyType):
-                found.append(NonHMAChild(where, "Any", known=False))
-            elif self._is_hma(proper):
-                continue
-            elif _is_plain_stack(proper) and not _has_unpack(proper.args):
-                found.extend(self._offenders(proper.args, where) or [NonHMAChild(where, proper.type.name)])
-            else:
-                found.append(NonHMAChild(where, _name(proper)))
-        return found
+        return self._stack_type if self._rule.is_stack_class(fullname) else None
 
     # ---- construction: the stack's type --------------------------------------------
 
@@ -197,14 +138,14 @@ class CapkvPlugin(Plugin):
             items: list[Type] | None = None
             if kind == ARG_POS:
                 items = [proper]
-            elif isinstance(proper, TupleType) and not _has_unpack(proper.items):
+            elif isinstance(proper, TupleType) and not has_unpack(proper.items):
                 items = proper.items
             if items is not None:
                 for item in items:
                     children.append(item)
                     labels.append(f"sub-connector #{len(children)}" if exact else "an unpacked sub-connector")
             else:
-                element = self._element_type(proper)
+                element = self._rule.element_type(proper)
                 if element is None:
                     return ctx.default_return_type
                 children.append(element)
@@ -212,10 +153,10 @@ class CapkvPlugin(Plugin):
                 exact = False
         if not children:
             return ctx.default_return_type
-        if not all(self._is_connector(child) for child in children):
+        if not all(self._rule.is_connector(child) for child in children):
             return self._explain_children(ctx.api, call, children, labels)
-        hma = all(self._is_hma(child) for child in children)
-        return self._stack(children, hma=hma) if exact else self._any_arity_stack(ctx.api, hma=hma)
+        hma = all(self._rule.is_hma(child) for child in children)
+        return self._rule.stack(children, hma=hma) if exact else self._rule.any_arity_stack(hma=hma)
 
     def _explain_children(
         self, api: CheckerPluginInterface, call: CallExpr, children: Sequence[Type], labels: Sequence[str]
@@ -227,24 +168,17 @@ class CapkvPlugin(Plugin):
         overload never precedes it.
         """
         stack = _callee_name(call)
-        protocol = self._protocol(_CONNECTOR)
+        protocol = self._rule.protocol(CONNECTOR)
         for label, child in zip(labels, children, strict=True):
             proper = get_proper_type(child)
-            if self._is_connector(proper):
+            if self._rule.is_connector(proper):
                 continue
             differences = member_differences(proper, protocol, api.options) if isinstance(proper, Instance) else []
             why = f" ({'; '.join(differences)})" if differences else ""
             api.fail(
-                f'{stack}: {label} "{_name(proper)}" is not a KVConnector{why}', call, code=CAPKV_CONNECTOR
+                f'{stack}: {label} "{type_name(proper)}" is not a KVConnector{why}', call, code=CAPKV_CONNECTOR
             )
         return AnyType(TypeOfAny.from_error)
-
-    def _element_type(self, iterable: ProperType) -> Type | None:
-        if isinstance(iterable, AnyType):
-            return iterable
-        if isinstance(iterable, Instance) and iterable.type.has_base(_ITERABLE):
-            return map_instance_to_supertype(iterable, self._info(_ITERABLE)).args[0]
-        return None
 
     # ---- use: the explanation ------------------------------------------------------------
 
@@ -288,7 +222,7 @@ class CapkvPlugin(Plugin):
         self, api: CheckerPluginInterface, call: CallExpr, context: Type | None, signature: CallableType
     ) -> _Verdict | None:
         receiver = self._is_receiver(api, call)
-        if not receiver and not self._requires_hma(context, None, api):
+        if not receiver and not self._rule.requires_hma(context, None):
             return None
         if any(kind != ARG_POS for kind in call.arg_kinds):
             return None  # unpacked children have no positions to name: mypy's message stands
@@ -302,15 +236,15 @@ class CapkvPlugin(Plugin):
                 ]
         finally:
             self._evaluating -= 1
-        if any(child is None or not self._is_connector(child) for child in children):
+        if any(child is None or not self._rule.is_connector(child) for child in children):
             return None
         known = [child for child in children if child is not None]
-        offenders = self._offenders(known)
-        if not offenders or not (receiver or self._requires_hma(context, known, api)):
+        offenders = self._rule.offenders(known)
+        if not offenders or not (receiver or self._rule.requires_hma(context, known)):
             return None
         stack = _callee_name(call)
         what = f'"{stack}" has no {HMA_METHOD}' if receiver else f'"{stack}" is not HMA-capable'
-        return _Verdict(f"{what}: {explain_not_hma(offenders)}", self._stack(known, hma=True))
+        return _Verdict(f"{what}: {explain_not_hma(offenders)}", self._rule.stack(known, hma=True))
 
     def _child_type(self, api: CheckerPluginInterface, expr: Expression, formal: Type) -> Type | None:
         """A child's type as the HMA overload item types it; nested stacks by the rule itself.
@@ -322,36 +256,16 @@ class CapkvPlugin(Plugin):
         if (
             isinstance(expr, CallExpr)
             and isinstance(callee, RefExpr)
-            and self._is_stack_class(callee.fullname)
+            and self._rule.is_stack_class(callee.fullname)
             and expr.args
             and all(kind == ARG_POS for kind in expr.arg_kinds)
         ):
             children = [self._child_type(api, arg, formal) for arg in expr.args]
-            if any(child is None or not self._is_connector(child) for child in children):
+            if any(child is None or not self._rule.is_connector(child) for child in children):
                 return None
             known = [child for child in children if child is not None]
-            return self._stack(known, hma=all(self._is_hma(child) for child in known))
+            return self._rule.stack(known, hma=all(self._rule.is_hma(child) for child in known))
         return api.get_expression_type(expr, formal)
-
-    def _requires_hma(
-        self, context: Type | None, children: Sequence[Type] | None, api: CheckerPluginInterface
-    ) -> bool:
-        """Whether the expected type admits the HMA stack but not the plain one.
-
-        A type variable's bound is not treated as a requirement: inside another
-        stack's overloads it is only a trial, and there mypy's own error stands.
-        """
-        expected = get_proper_type(context) if context is not None else None
-        if expected is None or isinstance(expected, (AnyType, TypeVarType)):
-            return False
-        if children is None:
-            known = self._demands.get(expected)
-            if known is None:
-                hma, plain = self._any_arity_stack(api, hma=True), self._any_arity_stack(api, hma=False)
-                known = self._demands[expected] = is_subtype(hma, expected) and not is_subtype(plain, expected)
-            return known
-        hma, plain = self._stack(children, hma=True), self._stack(children, hma=False)
-        return is_subtype(hma, expected) and not is_subtype(plain, expected)
 
     def _is_receiver(self, api: CheckerPluginInterface, call: CallExpr) -> bool:
         """Whether the call is ``<call>.request_finished_all_groups`` in the module being checked."""
@@ -389,23 +303,7 @@ def _is_catch_all(signature: CallableType) -> bool:
 
 def _is_hma_item(signature: CallableType) -> bool:
     returned = get_proper_type(signature.ret_type)
-    return isinstance(returned, Instance) and returned.type.has_base(_HMA_STACK)
-
-
-def _is_plain_stack(typ: ProperType) -> TypeGuard[Instance]:
-    return isinstance(typ, Instance) and typ.type.has_base(_STACK) and not typ.type.has_base(_HMA_STACK)
-
-
-def _has_unpack(types: Sequence[Type]) -> bool:
-    return any(isinstance(t, UnpackType) for t in types)
-
-
-def _name(typ: ProperType) -> str:
-    if isinstance(typ, Instance):
-        return typ.type.name
-    if isinstance(typ, TypeVarType):
-        return typ.name
-    return str(typ)
+    return isinstance(returned, Instance) and returned.type.has_base(HMA_STACK)
 
 
 def _callee_name(call: Context) -> str:
