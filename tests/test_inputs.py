@@ -24,7 +24,7 @@ from capkv import CapkvError, ContractError, KVGroupSpec, KVSpec
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector
 from capkv.devmode import types_checked
 from capkv.engine import ModelShape, Workload
-from capkv.engine import Request as EngineRequest
+from capkv.engine._request import Request as EngineRequest
 from capkv.errors import ArgumentError
 
 ROOT = Path(__file__).resolve().parents[1]
