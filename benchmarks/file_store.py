@@ -128,11 +128,12 @@ def _round(root: Path, requests: int, tokens: int) -> tuple[float, float, float,
     return gb / save_s, gb / write_s, gb / load_s, gb / read_s, nbytes
 
 
-def demo_times(stack: str) -> tuple[float, float]:
+def demo_times(stack: str, extra: list[str]) -> tuple[float, float]:
     """Wall and CPU (user + system) seconds of one demo process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "capkv", "demo", *DEMO, "--stack", stack], capture_output=True, text=True, check=False)
+    command = [sys.executable, "-m", "capkv", "demo", *DEMO, *extra, "--stack", stack]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -148,6 +149,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="throughput rounds")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--demo-options", default="",
+                        help="more demo options, e.g. '--window 128 --max-tokens 8' (the defaults when the issue measured)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rounds: list[tuple[float, float, float, float, int]] = []
@@ -168,10 +171,10 @@ def main(argv: list[str]) -> int:
     cpus: dict[str, list[float]] = {"file": [], "cpu": []}
     for _ in range(args.runs):
         for stack in ("file", "cpu"):
-            wall, cpu = demo_times(stack)
+            wall, cpu = demo_times(stack, args.demo_options.split())
             walls[stack].append(wall)
             cpus[stack].append(cpu)
-    print(f"capkv demo {' '.join(DEMO)}: median of {args.runs} runs, whole process")
+    print(f"capkv demo {' '.join([*DEMO, *args.demo_options.split()])}: median of {args.runs} runs, whole process")
     for stack in ("file", "cpu"):
         print(f"  --stack {stack:<4}  wall {statistics.median(walls[stack]):6.2f} s   CPU {statistics.median(cpus[stack]):6.2f} s")
     wall_ratio = statistics.median(walls["file"]) / statistics.median(walls["cpu"])

@@ -107,7 +107,7 @@ def test_capacity_blocks_is_an_int_not_a_bool(value: object) -> None:
     refused(lambda: CPUOffloadConnector(SPEC, capacity_blocks=value), "capacity_blocks", value)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("parameter", "value"), [("root", None), ("root", 3), ("namespace", 1), ("write", "w")])
+@pytest.mark.parametrize(("parameter", "value"), [("root", None), ("root", 3), ("namespace", 1), ("write", "w"), ("capacity_bytes", 0)])
 def test_file_store_arguments(parameter: str, value: object, tmp_path: Path) -> None:
     arguments: dict[str, Any] = {"root": tmp_path, parameter: value}
     refused(lambda: FileStoreConnector(SPEC, **arguments), parameter, value)

@@ -393,6 +393,7 @@ class FileStoreConnector(PrefixStoreConnector):
         takes_spec=True,
         root=Option(str, required=True, help="the store's directory"),
         namespace=Option(str, help="separates models that share layer names and shapes"),
+        capacity_bytes=Option(int, minimum=1, help="bound on the directory's packs, in bytes (default 16 GiB)"),
     )
     """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
 
@@ -413,7 +414,7 @@ class FileStoreConnector(PrefixStoreConnector):
             raise argument_error(name, "root", root, "a non-empty directory path", connector=name, method="__init__")
         require_str(namespace, name, "namespace", connector=name, method="__init__")
         require_callable(write, name, "write", connector=name)
-        require_int(capacity_bytes, name, "capacity_bytes", minimum=1, connector=name, method="__init__")
+        capacity_bytes = require_int(capacity_bytes, name, "capacity_bytes", minimum=1, connector=name, method="__init__")
         self.root: Path = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,8 @@ class HostPoolIndex:
     """Slots of a ``capacity``-block host pool, keyed by :class:`BlockKey`."""
 
     __slots__ = (
-        "_clock", "_free", "_heap", "_pending", "_pins", "_protected", "_ready", "_stamps", "capacity", "evictions",
+        "_clock", "_free", "_heap", "_pending", "_pins", "_protected", "_protected_keys", "_ready", "_stamps",
+        "capacity", "evictions",
     )
 
     def __init__(self, capacity: int) -> None:
@@ -48,7 +49,10 @@ class HostPoolIndex:
         self._heap: list[tuple[int, BlockKey]] = []
         """``(stamp, key)``, lazily cleaned: an entry counts only while its stamp is current."""
         self._clock = 0
-        self._protected: set[BlockKey] = set()
+        self._protected: dict[int, Sequence[BlockKey]] = {}
+        """The chains in use by the request being planned, by identity."""
+        self._protected_keys: set[BlockKey] | None = None
+        """Their keys, built when an eviction first needs them."""
         self.evictions: int = 0
         """Blocks evicted so far."""
 
@@ -79,19 +83,21 @@ class HostPoolIndex:
             self._stamp(key, self._clock)
 
     def use(self, chain: Sequence[BlockKey]) -> None:
-        """A request uses ``chain`` (one group's keys, head first; blocks not held are skipped): the
-        head becomes the most recently used block, each later one a little less, and the held ones
-        are protected from eviction until :meth:`end_use`."""
-        base = self._clock
-        self._clock += len(chain)
-        for position, key in enumerate(chain):
-            if self.holds(key):
-                self._stamp(key, base + len(chain) - position)
-                self._protected.add(key)
+        """A request uses ``chain`` (one group's keys, head first; blocks not held are skipped): its held
+        blocks are protected from eviction until :meth:`end_use`, which makes the head the most recently
+        used block and each later one a little less. (A chain passed again, grown, replaces itself.)"""
+        self._protected[id(chain)] = chain
 
     def end_use(self) -> None:
-        """The request's plan is over: its blocks may be evicted again (tails first)."""
+        """The request's plan is over: stamp its chains (head most recent) and let them be evicted again."""
+        for chain in self._protected.values():
+            base = self._clock
+            self._clock += len(chain)
+            for position, key in enumerate(chain):
+                if key in self._ready or key in self._pending:
+                    self._stamp(key, base + len(chain) - position)
         self._protected.clear()
+        self._protected_keys = None
 
     # ---- slots ---------------------------------------------------------------------------------
 
@@ -137,11 +143,14 @@ class HostPoolIndex:
         """Free the slot of the least recently used block that is neither pinned nor in use."""
         skipped: list[tuple[int, BlockKey]] = []
         victim: BlockKey | None = None
+        if self._protected_keys is None:
+            self._protected_keys = {key for chain in self._protected.values() for key in chain}
+        protected = self._protected_keys
         while self._heap:
             stamp, key = heapq.heappop(self._heap)
             if key not in self._ready or self._stamps.get(key) != stamp:
                 continue  # stale entry
-            if key in self._pins or key in self._protected:
+            if key in self._pins or key in protected:
                 skipped.append((stamp, key))
                 continue
             victim = key

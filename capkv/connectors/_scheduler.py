@@ -323,9 +323,7 @@ class StoreScheduler:
             if cursors is not None:
                 cursors[group] = block + 1
         if chains is not None and isinstance(self._index, ChainAwareIndex):
-            for chain in chains:
-                self._index.use(chain)  # again: the blocks just reserved take their places in the chain
-            self._index.end_use()
+            self._index.end_use()  # stamps the chains, the blocks just reserved in their places
         else:
             for key in reversed(touched):
                 self._index.touch(key)
