@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 import capkv  # noqa: E402
 from capkv import KVConnectorBase, KVGroupSpec, KVSpec, devmode  # noqa: E402
-from capkv.devmode._blocks import check_block_groups  # noqa: E402
+from capkv.contracts._block_ids import check_block_groups  # noqa: E402
 
 NUM_BLOCKS = 131_072
 SHAPES = [(1, 16), (4, 1024), (1, 65_536)]

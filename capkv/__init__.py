@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     )
     from capkv.contracts._spec import KVGroupSpec, KVSpec
     from capkv.errors import (
+        ArgumentError,
         CapabilityError,
         CapkvError,
         ConfigError,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "ArgumentError",
     "AttentionMetadata",
     "BlockIds",
     "CapabilityError",
@@ -124,6 +126,7 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
             ],
             "capkv.contracts._spec": ["KVGroupSpec", "KVSpec"],
             "capkv.errors": [
+                "ArgumentError",
                 "CapabilityError",
                 "CapkvError",
                 "ConfigError",
@@ -134,5 +137,5 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
                 "SubConnectorError",
             ],
         },
-        submodules=["cli", "config", "connectors", "devmode", "engine", "errors", "mypy", "testing", "transfer"],
+        submodules=["cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "testing", "transfer"],
     )

@@ -21,6 +21,7 @@ ROOT = Path(capkv.__file__).resolve().parent
 
 FRONTS: dict[str, list[str]] = {
     "capkv": [
+        "ArgumentError",
         "AttentionMetadata",
         "BlockIds",
         "CapabilityError",
@@ -73,17 +74,21 @@ FRONTS: dict[str, list[str]] = {
         "MetadataError",
         "SubConnectorError",
     ],
+    "capkv.composite": ["NOT_BUILT", "Drop", "DroppedReports"],
     "capkv.config": [
         "ENTRY_POINT_GROUP",
         "BuildContext",
         "ConfiguredConnector",
         "ConfiguredNode",
         "ConfiguredStack",
+        "ConnectorFactory",
         "ConnectorOptions",
         "ConnectorRegistry",
         "Option",
         "build_connector",
         "build_stack",
+        "check_extra_config",
+        "declared_options",
         "default_registry",
         "load_stack",
         "load_stack_file",
@@ -133,7 +138,6 @@ FRONTS: dict[str, list[str]] = {
     ],
     "capkv.mypy": ["CAPKV_CONNECTOR", "CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"],
     "capkv.cli": ["main"],
-    "capkv.composite": ["Drop", "DroppedReports"],
     "capkv.testing": [
         "DEFAULT_LAYOUTS",
         "DEFAULT_WORKLOAD",

@@ -2,9 +2,9 @@
 
 Capability is decided from the configured *classes*, before any connector is
 constructed, by the same rule as :class:`~capkv.MultiConnector`'s static types.
-A connector class declares the extra config it accepts with
-:class:`ConnectorOptions` (``takes_spec=True``: built as ``cls(spec, **extra)``),
-or builds itself from it with a class method named ``from_extra_config``.
+A connector class declares what its extra config accepts with
+:class:`ConnectorOptions`, or builds itself with a class method named
+``from_extra_config``.
 """
 
 from typing import TYPE_CHECKING
@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 from capkv._lazy import attach
 
 if TYPE_CHECKING:
-    from capkv.config._build import BuildContext, build_connector, build_stack
+    from capkv.config._build import BuildContext, ConnectorFactory, build_connector, build_stack
     from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack, load_stack, load_stack_file
-    from capkv.config._options import ConnectorOptions, Option
+    from capkv.config._options import ConnectorOptions, Option, check_extra_config, declared_options
     from capkv.config._registry import ENTRY_POINT_GROUP, ConnectorRegistry, default_registry, register_connector
 
 __all__ = [
@@ -23,11 +23,14 @@ __all__ = [
     "ConfiguredConnector",
     "ConfiguredNode",
     "ConfiguredStack",
+    "ConnectorFactory",
     "ConnectorOptions",
     "ConnectorRegistry",
     "Option",
     "build_connector",
     "build_stack",
+    "check_extra_config",
+    "declared_options",
     "default_registry",
     "load_stack",
     "load_stack_file",
@@ -38,7 +41,7 @@ if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
     __getattr__, __dir__ = attach(
         __name__,
         {
-            "capkv.config._build": ["BuildContext", "build_connector", "build_stack"],
+            "capkv.config._build": ["BuildContext", "ConnectorFactory", "build_connector", "build_stack"],
             "capkv.config._loader": [
                 "ConfiguredConnector",
                 "ConfiguredNode",
@@ -46,7 +49,7 @@ if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
                 "load_stack",
                 "load_stack_file",
             ],
-            "capkv.config._options": ["ConnectorOptions", "Option"],
+            "capkv.config._options": ["ConnectorOptions", "Option", "check_extra_config", "declared_options"],
             "capkv.config._registry": ["ENTRY_POINT_GROUP", "ConnectorRegistry", "default_registry", "register_connector"],
         },
     )

@@ -201,3 +201,4 @@ def _device(device: torch.device | str) -> torch.device:
     import torch  # the one runtime use: a spec read from the engine, where torch is loaded anyway
 
     return torch.device(device)
+

@@ -46,7 +46,7 @@ def contract_hint(check: Callable[[object], None]) -> object:
 
 
 def block_groups_hint(spec: KVSpec, *, connector: str, method: str, subject: str = "block_ids") -> object:
-    """A request's block ids, one list per KV-cache group (:func:`~capkv.devmode.check_block_groups`)."""
+    """A request's block ids, one list per KV-cache group (:func:`~capkv.contracts._block_ids.check_block_groups`)."""
     num_groups, num_blocks, null = spec.num_groups, spec.num_blocks, spec.null_block_id
 
     def validator(value: object) -> bool:
@@ -61,7 +61,7 @@ def block_groups_hint(spec: KVSpec, *, connector: str, method: str, subject: str
 
 
 def block_ids_hint(spec: KVSpec, *, group: int, connector: str, method: str, subject: str = "block_ids") -> object:
-    """One group's block ids (:func:`~capkv.devmode.check_block_ids`)."""
+    """One group's block ids (:func:`~capkv.contracts._block_ids.check_block_ids`)."""
     return contract_hint(
         lambda value: check_block_ids(spec, value, group=group, connector=connector, method=method, subject=subject)
     )
@@ -89,7 +89,7 @@ def single_group_hint(spec: KVSpec, *, connector: str, method: str, subject: str
 def block_copy_hint(
     spec: KVSpec, *, connector: str, method: str, src_blocks: int | None = None, dst_blocks: int | None = None
 ) -> object:
-    """A ``(src_ids, dst_ids)`` pair of block-id groups (:func:`~capkv.devmode.check_block_copies`)."""
+    """A ``(src_ids, dst_ids)`` pair of block-id groups (:func:`~capkv.contracts._block_ids.check_block_copies`)."""
 
     def check(value: object) -> None:
         src, dst = _pair(value, connector, method, "copy", "a (src_ids, dst_ids) pair of block-id groups")
@@ -101,12 +101,12 @@ def block_copy_hint(
 
 
 def kv_caches_hint(spec: KVSpec, *, connector: str, method: str) -> object:
-    """A ``layer name -> KV tensor`` dict (:func:`~capkv.devmode.check_kv_caches`)."""
+    """A ``layer name -> KV tensor`` dict (:func:`~capkv.contracts._kv_tensors.check_kv_caches`)."""
     return contract_hint(lambda value: check_kv_caches(spec, value, connector=connector, method=method))
 
 
 def kv_layer_hint(spec: KVSpec, *, connector: str, method: str) -> object:
-    """A ``(layer_name, tensor)`` pair: the tensor must fit its layer's group (:func:`~capkv.devmode.check_kv_tensor`).
+    """A ``(layer_name, tensor)`` pair: the tensor must fit its layer's group (:func:`~capkv.contracts._kv_tensors.check_kv_tensor`).
 
     The pair, not the tensor alone, because the shape depends on the layer.
     """

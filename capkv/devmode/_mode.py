@@ -37,7 +37,6 @@ _OFF_VALUES = frozenset({"0", "false", "no", "off"})
 
 _UNCHECKED = (
     "capkv.devmode",
-    "capkv.mypy",
     "capkv.testing",
     "capkv.contracts._arguments",
     "capkv.contracts._block_ids",
@@ -45,7 +44,8 @@ _UNCHECKED = (
     "capkv.contracts._kv_tensors",
     "capkv.contracts._violation",
 )
-"""Modules left out of dev mode's beartype: validators that check every element of what they get."""
+"""Modules left out of dev mode's beartype: validators that check every element of what they get, and
+capkv.testing, whose fakes answer whatever a test sets (wrong types included) so the checks under test catch them."""
 
 _override: bool | None = None
 _types_checked = False
@@ -103,11 +103,10 @@ def check_capkv_types() -> None:
     Type-hint violations in calls into capkv then raise :class:`~capkv.ContractError`,
     like every other dev-mode contract. Modules imported before this call are left as
     they are, so the fronts (:mod:`capkv._lazy`) run it before they import an
-    implementation module. ``capkv.devmode`` itself is skipped: its checks take
-    ``object`` and judge every element themselves, and beartype around them would
-    only slow down every checked call; so are the contract validators (:data:`_UNCHECKED`)
-    and the mypy plugin, which runs inside mypy. ``capkv.testing`` is skipped too: its
-    fakes answer whatever a test sets, wrong types included, so the checks under test catch them.
+    implementation module. ``capkv.devmode`` itself and the contract validators
+    (:data:`_UNCHECKED`) are skipped: they take ``object`` and judge every element
+    themselves, and beartype around them would only slow down every checked call;
+    so is the mypy plugin, which runs inside mypy.
     """
     global _types_checked, _types_decided
     if _types_decided:  # decided once per process, by the switch at the first call
@@ -120,6 +119,6 @@ def check_capkv_types() -> None:
 
     from capkv.errors import ContractError
 
-    conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=_UNCHECKED)
+    conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=(*_UNCHECKED, "capkv.mypy"))
     beartype_package("capkv", conf=conf)
     _types_checked = True
