@@ -143,7 +143,7 @@ FRONTS: dict[str, list[str]] = {
         "DEFAULT_WORKLOAD",
         "ConformanceFailure",
         "ConformanceReport",
-        "ConnectorFactory",
+        "ConformanceFactory",
         "HMANullConnector",
         "NullConnector",
         "ScenarioResult",

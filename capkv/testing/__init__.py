@@ -25,7 +25,7 @@ from capkv._lazy import attach
 
 if TYPE_CHECKING:
     from capkv.engine._outputs import ScheduledRequest
-    from capkv.testing._conformance import ConnectorFactory, assert_conformant, check_connector
+    from capkv.testing._conformance import ConformanceFactory, assert_conformant, check_connector
     from capkv.testing._layouts import DEFAULT_LAYOUTS, DEFAULT_WORKLOAD, describe_layout
     from capkv.testing._null import HMANullConnector, NullConnector
     from capkv.testing._objects import forward_context, kv_caches, make_request, scheduled, scheduler_output
@@ -36,7 +36,7 @@ __all__ = [
     "DEFAULT_WORKLOAD",
     "ConformanceFailure",
     "ConformanceReport",
-    "ConnectorFactory",
+    "ConformanceFactory",
     "HMANullConnector",
     "NullConnector",
     "ScenarioResult",
@@ -56,7 +56,7 @@ if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
         __name__,
         {
             "capkv.engine._outputs": ["ScheduledRequest"],
-            "capkv.testing._conformance": ["ConnectorFactory", "assert_conformant", "check_connector"],
+            "capkv.testing._conformance": ["ConformanceFactory", "assert_conformant", "check_connector"],
             "capkv.testing._layouts": ["DEFAULT_LAYOUTS", "DEFAULT_WORKLOAD", "describe_layout"],
             "capkv.testing._null": ["HMANullConnector", "NullConnector"],
             "capkv.testing._objects": ["forward_context", "kv_caches", "make_request", "scheduled", "scheduler_output"],

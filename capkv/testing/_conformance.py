@@ -40,9 +40,9 @@ from capkv.errors import CapkvError, ConfigError
 from capkv.testing._layouts import DEFAULT_LAYOUTS, DEFAULT_WORKLOAD, describe_layout
 from capkv.testing._report import ConformanceFailure, ConformanceReport, ScenarioResult
 
-__all__ = ["ConnectorFactory", "assert_conformant", "check_connector"]
+__all__ = ["ConformanceFactory", "assert_conformant", "check_connector"]
 
-ConnectorFactory = Callable[[KVSpec], KVConnector[Any]]
+ConformanceFactory = Callable[[KVSpec], KVConnector[Any]]
 """Builds a fresh connector, with empty storage, for the engine's KV cache."""
 
 _ALONE = "alone"
@@ -72,7 +72,7 @@ class _Failed(Exception):
 
 
 def check_connector(
-    factory: ConnectorFactory,
+    factory: ConformanceFactory,
     *,
     layouts: Sequence[ModelShape] = DEFAULT_LAYOUTS,
     stacks: bool = True,
@@ -124,7 +124,7 @@ def check_connector(
     return ConformanceReport(name, hma, tuple(results), tuple(not_served))
 
 
-def assert_conformant(factory: ConnectorFactory, **options: Any) -> ConformanceReport:
+def assert_conformant(factory: ConformanceFactory, **options: Any) -> ConformanceReport:
     """:func:`check_connector`, raising :class:`ConformanceFailure` (an ``AssertionError``) unless every scenario passed."""
     report = check_connector(factory, **options)
     if not report.ok:
@@ -136,7 +136,7 @@ def assert_conformant(factory: ConnectorFactory, **options: Any) -> ConformanceR
 
 
 def _scenario(
-    factory: ConnectorFactory, shape: ModelShape, placement: str, options: _Options, connector: KVConnector[Any] | None
+    factory: ConformanceFactory, shape: ModelShape, placement: str, options: _Options, connector: KVConnector[Any] | None
 ) -> ScenarioResult:
     layout = describe_layout(shape)
     try:
@@ -170,7 +170,7 @@ def _scenario(
 
 
 def _serve(
-    factory: ConnectorFactory,
+    factory: ConformanceFactory,
     shape: ModelShape,
     placement: str,
     options: _Options,
@@ -223,7 +223,7 @@ def _place(connector: KVConnector[Any], spec: KVSpec, placement: str) -> KVConne
     return MultiConnector(capkv_side, connector)
 
 
-def _passes_unscrubbed(factory: ConnectorFactory, shape: ModelShape, placement: str, options: _Options) -> bool:
+def _passes_unscrubbed(factory: ConformanceFactory, shape: ModelShape, placement: str, options: _Options) -> bool:
     try:
         _serve(factory, shape, placement, options, None, scrub=False)
     except _Failed:
