@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,11 +20,11 @@ import pytest
 from capkv import KVConnectorOutput, KVSpec, MultiWorkerMetadata
 from capkv.cli._main import main
 from capkv.connectors import BlockKey, CPUOffloadConnector, FileStoreConnector, PrefixHasher
+from capkv.connectors._metadata import SaveReport
 from capkv.connectors import _block_file as block_file
-from capkv.connectors._block_file import write_block_file
+from capkv.connectors._block_file import PackRecord, RecordHeader, write_pack
 from capkv.connectors._host_pool import HostPoolIndex
 from capkv.connectors._keys import RequestKeys
-from capkv.connectors._metadata import SaveReport
 from capkv.errors import MetadataError
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine, Req, Run
@@ -38,31 +38,33 @@ WHOLE = 80  # the prompts' full blocks: what a hit can cover
 
 
 class HeldWriter:
-    """Stands in for the file store's ``write_block_file``: each write waits until the test lets it through."""
+    """Stands in for the file store's ``write_pack``: each pack waits until the test lets it through."""
 
     def __init__(self) -> None:
         self._turn = threading.Condition()
         self._allowed: int | None = 0
-        """Writes that may still start; ``None``: every write may."""
+        """Packs that may still be written; ``None``: every pack may."""
         self.failing = False
-        """Writes let through now raise a disk error instead of writing."""
+        """Packs let through now raise a disk error instead of being written."""
         self.attempts: list[BlockKey] = []
         self.written: list[BlockKey] = []
 
-    def __call__(self, root: Path, key: BlockKey, fingerprint: bytes, payload: memoryview) -> None:
+    def __call__(self, root: Path, records: Sequence[PackRecord]) -> tuple[str, list[RecordHeader]]:
+        keys = [record.key for record in records]
         with self._turn:
             if not self._turn.wait_for(lambda: self._allowed is None or self._allowed > 0, timeout=60):
-                raise AssertionError(f"the test never let the write of {key.name} through")
+                raise AssertionError(f"the test never let the pack of {len(keys)} blocks through")
             if self._allowed is not None:
                 self._allowed -= 1
-            self.attempts.append(key)
+            self.attempts += keys
             failing = self.failing
         if failing:
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
-        write_block_file(root, key, fingerprint, payload)
+        written = write_pack(root, records)
         with self._turn:
-            self.written.append(key)
+            self.written += keys
             self._turn.notify_all()
+        return written
 
     def let_through(self, count: int) -> None:
         with self._turn:
@@ -88,7 +90,7 @@ def writer() -> HeldWriter:
 @pytest.fixture
 def engine(tmp_path: Path, writer: HeldWriter) -> Iterator[MiniEngine]:
     spec = make_spec(WINDOWED, num_blocks=64)
-    connector = FileStoreConnector(spec, root=tmp_path, write_block=writer)  # this connector's writes only
+    connector = FileStoreConnector(spec, root=tmp_path, write=writer)  # this connector's writes only
     yield MiniEngine(spec, connector)
     writer.open()
     connector.shutdown()
@@ -140,17 +142,13 @@ def test_a_request_finishing_before_the_first_ones_write_landed_saves_only_its_o
     assert engine.run("other again", OTHER + [1]).hit_tokens == WHOLE
 
 
-def test_a_prefix_is_offered_only_once_every_block_it_needs_has_landed(engine: MiniEngine, writer: HeldWriter) -> None:
+def test_a_prefix_is_offered_only_once_its_pack_has_landed(engine: MiniEngine, writer: HeldWriter) -> None:
     one = engine.run("one", ONE)
-    # Saves go out group by group: all of group 0's blocks and the first of group 1's land; the
-    # window group's last block, which any hit of this prompt needs, is still held.
-    landed = len([b for b in one.blocks[0][: WHOLE // 16] if b != engine.spec.null_block_id]) + 1
-    writer.let_through(landed)
-    writer.wait_written(landed)
-    assert len(list(engine.connector.root.glob("*.kvblock"))) == landed
     assert engine.connector.get_num_new_matched_tokens(Req("peek", list(ONE)), 0) == (0, False)
+    assert not list(engine.connector.root.glob("*.kvpack"))
     writer.open()
     engine.connector.flush()
+    assert sorted(writer.written) == sorted(saved_keys(engine.spec, one))
     # Everything landed: the whole prompt is offered and loaded bit for bit (the engine checks it).
     again = engine.run("again", ONE + [1])
     assert again.hit_tokens == WHOLE and again.load_errors == {}
@@ -184,7 +182,7 @@ def test_a_block_file_being_written_is_never_offered(
         if not renames.arrived.wait(timeout=60):
             raise AssertionError("no write reached its rename")
         # A block's bytes are all in its temporary file; its final name does not exist yet.
-        assert list(engine.connector.root.glob(".*.tmp")) and not list(engine.connector.root.glob("*.kvblock"))
+        assert list(engine.connector.root.glob(".*.tmp")) and not list(engine.connector.root.glob("*.kvpack"))
         assert engine.connector.get_num_new_matched_tokens(Req("peek", list(ONE)), 0) == (0, False)
     finally:
         renames.proceed.set()
@@ -196,8 +194,10 @@ def test_a_failed_write_makes_its_block_saveable_again(engine: MiniEngine, write
     writer.failing = True
     writer.open()
     one = engine.run("one", ONE)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises((OSError, ExceptionGroup)) as caught:
         engine.connector.flush()
+    raised = caught.value.exceptions if isinstance(caught.value, ExceptionGroup) else (caught.value,)
+    assert raised and all("No space left" in str(error) for error in raised)
     failed = saved_keys(engine.spec, one)
     assert sorted(writer.attempts) == sorted(failed) and writer.written == []
     engine.step()  # carries the worker's report of the failed writes to the scheduler side
@@ -270,7 +270,7 @@ class BehindStore(FileStoreConnector):
     """A file store whose writer is :data:`BEHIND`: ``capkv demo --stack tests.connectors.test_saves_once:BehindStore``."""
 
     def __init__(self, spec: KVSpec, *, root: str | os.PathLike[str], namespace: str = "") -> None:
-        super().__init__(spec, root=root, namespace=namespace, write_block=BEHIND[0])
+        super().__init__(spec, root=root, namespace=namespace, write=BEHIND[0])
 
     def flush(self) -> None:
         BEHIND[0].open()
