@@ -137,5 +137,5 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
                 "SubConnectorError",
             ],
         },
-        submodules=["cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "transfer"],
+        submodules=["cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "testing", "transfer"],
     )

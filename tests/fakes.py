@@ -1,15 +1,12 @@
-"""Small recording fake connectors for the composite's tests."""
+"""Fakes for the composite's tests: capkv.testing's null connectors, a request, worker metadata."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from capkv import BlockIds, KVConnectorBase, KVTransferParams, LoadErrors, Request
+from capkv.testing import HMANullConnector, NullConnector
 
 
 @dataclass(frozen=True)
@@ -25,126 +22,12 @@ class FakeWorkerMeta:
         return FakeWorkerMeta(self.items + other.items)
 
 
-class Plain(KVConnectorBase[Request]):
-    """A single-group connector that records every call it gets."""
-
-    def __init__(self, name: str = "", *, hit: int | None = 0, load_async: bool = False) -> None:
-        self.name = name
-        self.hit = hit
-        self.load_async = load_async
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-        self.delay_free = False
-        self.params: KVTransferParams | None = None
-        self.finished: tuple[set[str] | None, set[str] | None] = (None, None)
-        self.load_errors: LoadErrors = {}
-        self.events: list[object] = []
-        self.layout: str | None = None
-        self.finished_count: int | None = None
-        self.piecewise = False
-        self.handshake: object = None
-        self.pool: AbstractContextManager[object] | None = None
-        self.stats: object = None
-        self.worker_meta: FakeWorkerMeta | None = None
-        self.shutdown_error: Exception | None = None
-
-    def _record(self, method: str, *args: Any) -> None:
-        self.calls.append((method, args))
-
-    def methods(self) -> list[str]:
-        return [m for m, _ in self.calls]
-
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int, /) -> tuple[int | None, bool]:
-        self._record("get_num_new_matched_tokens", request, num_computed_tokens)
-        return self.hit, self.load_async
-
-    def update_state_after_alloc(self, request: Request, blocks: BlockIds, num_external_tokens: int, /) -> None:
-        self._record("update_state_after_alloc", request, blocks, num_external_tokens)
-
-    def build_connector_meta(self, scheduler_output: Any, /) -> object:
-        self._record("build_connector_meta", scheduler_output)
-        return f"meta-{self.name}"
-
-    def bind_connector_metadata(self, connector_metadata: Any, /) -> None:
-        self._record("bind_connector_metadata", connector_metadata)
-        super().bind_connector_metadata(connector_metadata)
-
-    def clear_connector_metadata(self) -> None:
-        self._record("clear_connector_metadata")
-        super().clear_connector_metadata()
-
-    def handle_preemptions(self, connector_metadata: Any, /) -> None:
-        self._record("handle_preemptions", connector_metadata)
-
-    def update_connector_output(self, connector_output: Any, /) -> None:
-        self._record("update_connector_output", connector_output)
-
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        self._record("start_load_kv", forward_context, kwargs)
-
-    def wait_for_layer_load(self, layer_name: str, /) -> None:
-        self._record("wait_for_layer_load", layer_name)
-
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        self._record("save_kv_layer", layer_name, kv_layer, attn_metadata, kwargs)
-
-    def wait_for_save(self) -> None:
-        self._record("wait_for_save")
-
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], /) -> None:
-        self._record("register_kv_caches", kv_caches)
-
-    def request_finished(self, request: Request, block_ids: list[int], /) -> tuple[bool, KVTransferParams | None]:
-        self._record("request_finished", request, block_ids)
-        return self.delay_free, self.params
-
-    def get_finished(self, finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
-        self._record("get_finished", set(finished_req_ids))
-        result, self.finished = self.finished, (None, None)
-        return result
-
-    def get_block_ids_with_load_errors(self) -> LoadErrors:
-        return self.load_errors
-
-    def take_events(self) -> Iterable[object]:
-        events, self.events = self.events, []
-        return iter(events)
-
-    def get_required_kvcache_layout(self) -> str | None:
-        return self.layout
-
-    def get_finished_count(self) -> int | None:
-        return self.finished_count
-
-    def requires_piecewise_for_cudagraph(self) -> bool:
-        return self.piecewise
-
-    def get_handshake_metadata(self) -> object:
-        return self.handshake
-
-    def set_xfer_handshake_metadata(self, metadata: Any, /) -> None:
-        self._record("set_xfer_handshake_metadata", metadata)
-
-    def get_mem_pool_context(self) -> AbstractContextManager[object] | None:
-        return self.pool
-
-    def get_kv_connector_stats(self) -> object:
-        return self.stats
-
-    def build_connector_worker_meta(self) -> FakeWorkerMeta | None:
-        return self.worker_meta
-
-    def shutdown(self) -> None:
-        self._record("shutdown")
-        if self.shutdown_error is not None:
-            raise self.shutdown_error
+class Plain(NullConnector):
+    """capkv.testing's single-group null connector, named as these tests' messages expect."""
 
 
-class HMA(Plain):
-    """An HMA-capable fake."""
-
-    def request_finished_all_groups(self, request: Request, block_ids: BlockIds, /) -> tuple[bool, KVTransferParams | None]:
-        self._record("request_finished_all_groups", request, block_ids)
-        return self.delay_free, self.params
+class HMA(HMANullConnector, Plain):
+    """capkv.testing's HMA-capable null connector (and a ``Plain``, as before)."""
 
 
 def pool() -> AbstractContextManager[object]:

@@ -142,6 +142,25 @@ FRONTS: dict[str, list[str]] = {
     "capkv.mypy": ["CAPKV_CONNECTOR", "CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"],
     "capkv.cli": ["main"],
     "capkv.vllm": ["CapkvConnector", "CapkvHMAConnector", "HMAVllmChild", "VllmChild", "wrap"],
+    "capkv.testing": [
+        "DEFAULT_LAYOUTS",
+        "DEFAULT_WORKLOAD",
+        "ConformanceFailure",
+        "ConformanceReport",
+        "ConformanceFactory",
+        "HMANullConnector",
+        "NullConnector",
+        "ScenarioResult",
+        "ScheduledRequest",
+        "assert_conformant",
+        "check_connector",
+        "describe_layout",
+        "forward_context",
+        "kv_caches",
+        "make_request",
+        "scheduled",
+        "scheduler_output",
+    ],
 }
 """Every public module and its exports."""
 

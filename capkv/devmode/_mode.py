@@ -37,13 +37,15 @@ _OFF_VALUES = frozenset({"0", "false", "no", "off"})
 
 _UNCHECKED = (
     "capkv.devmode",
+    "capkv.testing",
     "capkv.contracts._arguments",
     "capkv.contracts._block_ids",
     "capkv.contracts._id_scan",
     "capkv.contracts._kv_tensors",
     "capkv.contracts._violation",
 )
-"""Modules left out of dev mode's beartype: validators that check every element of what they get."""
+"""Modules left out of dev mode's beartype: validators that check every element of what they get, and
+capkv.testing, whose fakes answer whatever a test sets (wrong types included) so the checks under test catch them."""
 
 _override: bool | None = None
 _types_checked = False

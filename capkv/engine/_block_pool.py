@@ -75,14 +75,28 @@ class BlockPool:
                 del self._free[block]
             self._refs[block] += 1
 
-    def free(self, blocks: Iterable[int]) -> None:
-        """Drop one reference each; blocks nobody holds go to the back of the free queue."""
+    def free(self, blocks: Iterable[int]) -> list[int]:
+        """Drop one reference each; blocks nobody holds go to the back of the free queue.
+
+        Returns the blocks that nobody holds any more.
+        """
+        released: list[int] = []
         for block in blocks:
             if block == self.null_block_id:
                 continue
             self._refs[block] -= 1
             if self._refs[block] == 0:
                 self._free[block] = None
+                released.append(block)
+        return released
+
+    def forget(self, blocks: Iterable[int]) -> None:
+        """Drop the prefix-cache entries of ``blocks`` (their KV is about to be overwritten)."""
+        for block in blocks:
+            key = self._keys[block]
+            if key is not None:
+                del self._cached[key]
+                self._keys[block] = None
 
     def cache(self, key: CacheKey, block: int) -> None:
         """Publish ``block`` under ``key``; a block already published for the key wins."""

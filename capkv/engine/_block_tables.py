@@ -15,6 +15,7 @@ the candidate length until all groups agree (vLLM's hybrid coordinator).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from capkv.contracts._engine import BlockIds
@@ -44,9 +45,17 @@ def _skipped_tokens(group: GroupLayout, num_computed: int) -> int:
 class BlockTables:
     """Block tables of every live request, allocated from one :class:`BlockPool`."""
 
-    def __init__(self, groups: tuple[GroupLayout, ...], pool: BlockPool) -> None:
+    def __init__(
+        self,
+        groups: tuple[GroupLayout, ...],
+        pool: BlockPool,
+        *,
+        on_released: Callable[[GroupLayout, list[int]], None] | None = None,
+    ) -> None:
         self.groups = groups
         self.pool = pool
+        self.on_released = on_released
+        """Called with a group and its blocks that nobody holds any more, as they are released."""
         self._alignment = math.lcm(*(g.block_size for g in groups))
         self._tables: dict[str, tuple[list[int], ...]] = {}
         self._num_cached: dict[str, list[int]] = {}
@@ -165,10 +174,12 @@ class BlockTables:
         null = self.pool.null_block_id
         for group, table in zip(self.groups, self._tables[request.request_id], strict=True):
             skipped = _skipped_tokens(group, request.num_computed_tokens) // group.block_size
+            released: list[int] = []
             for index in range(min(skipped, len(table))):
                 if table[index] != null:
-                    self.pool.free([table[index]])
+                    released += self.pool.free([table[index]])
                     table[index] = null
+            self._released(group, released)
 
     # ---- caching and release ----------------------------------------------------------
 
@@ -199,8 +210,12 @@ class BlockTables:
         """Release every block of the request, tail first (tails are the least likely to be shared)."""
         tables = self._tables.pop(request.request_id)
         del self._num_cached[request.request_id]
-        for table in tables:
-            self.pool.free(reversed(table))
+        for group, table in zip(self.groups, tables, strict=True):
+            self._released(group, self.pool.free(reversed(table)))
+
+    def _released(self, group: GroupLayout, blocks: list[int]) -> None:
+        if blocks and self.on_released is not None:
+            self.on_released(group, blocks)
 
     def num_held(self, request: Request) -> int:
         """Real (non-null) blocks the request holds, over every group."""

@@ -23,8 +23,8 @@ from capkv.engine._block_pool import BlockPool
 from capkv.engine._block_tables import BlockTables
 from capkv.engine._compute import KVFunction
 from capkv.engine._kv_cache import PagedKVCache
-from capkv.engine._model import KV_LAYOUT, ModelShape
-from capkv.engine._request import Request
+from capkv.engine._model import KV_LAYOUT, GroupLayout, ModelShape
+from capkv.engine._request import Request, RequestStatus
 from capkv.engine._scheduler import FinishedRequest, Scheduler
 from capkv.engine._stats import EngineStats
 from capkv.engine._verify import Verifier
@@ -38,7 +38,37 @@ Progress = Callable[[int, int], None]
 
 
 class Engine:
-    """A small, faithful serving loop over a paged, hybrid KV cache."""
+    """A small, faithful serving loop over a paged, hybrid KV cache.
+
+    What it checks, so a connector cannot get a wrong byte past it:
+
+    * before serving, :func:`capkv.check_stack` (a stack that cannot serve every
+      KV-cache group is a :class:`~capkv.CapabilityError` here) and the stack's
+      required KV-cache layout;
+    * in dev mode (``CAPKV_DEV=1``, ``python -X dev`` or
+      :func:`capkv.devmode.dev_mode`), :func:`capkv.devmode.instrument` wraps the stack, so
+      every block id and KV tensor the connectors are handed is checked;
+    * with ``verify`` (the default), every block a connector loaded is compared
+      bit for bit with recomputation before any layer uses it, and every
+      request's KV when it finishes (:class:`~capkv.engine.VerificationError`
+      names request, group, layer, block and position);
+    * the completion protocol: a ``finished_recving`` or ``finished_sending`` the
+      engine did not wait for, or a second report, is a :class:`~capkv.ContractError`;
+      so is a delayed free never reported within ``transfer_timeout_s``, and load
+      errors that are not ``{group: block ids}`` over blocks being loaded;
+    * with ``scrub_released_blocks``, every block nobody holds any more is
+      poisoned and dropped from the prefix cache the moment it is released, so a
+      connector that reads blocks after letting the engine free them (an early
+      free) stores the poison, and the next load of it fails verification.
+
+    Speed: the engine runs many small tensor ops, and torch's default intra-op
+    thread count (one per core) makes each of them pay thread hand-offs. Call
+    ``torch.set_num_threads(1)`` before serving (``capkv demo`` and
+    :func:`capkv.testing.check_connector` do): ``python -m
+    benchmarks.engine_threads`` measured the default demo workload, on a shared
+    2-core machine (load average 9-12), at 1.1-1.9 s with one thread and 6.2-27 s
+    with torch's default of 2: 6x to 15x slower (issue 12 saw ~20x).
+    """
 
     def __init__(
         self,
@@ -49,6 +79,7 @@ class Engine:
         max_num_seqs: int = 32,
         max_num_batched_tokens: int = 8192,
         transfer_timeout_s: float = 60.0,
+        scrub_released_blocks: bool = False,
     ) -> None:
         require_instance(shape, ModelShape, "Engine", "shape", "a capkv.engine.ModelShape")
         require_int(max_num_seqs, "Engine", "max_num_seqs", minimum=1)
@@ -79,11 +110,17 @@ class Engine:
         self.pool: BlockPool = BlockPool(shape.num_blocks, spec.null_block_id)
         self.kv_function: KVFunction = KVFunction(shape)
         verifier = Verifier(self.cache, self.kv_function) if verify else None
+        tables = BlockTables(shape.groups, self.pool, on_released=self._scrub if scrub_released_blocks else None)
         self.scheduler: Scheduler = Scheduler(
-            shape, connector, BlockTables(shape.groups, self.pool), self.stats, verifier,
+            shape, connector, tables, self.stats, verifier,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         )
         self.worker: Worker = Worker(connector, self.cache, self.kv_function, verifier, self.stats)
+
+    def _scrub(self, group: GroupLayout, blocks: list[int]) -> None:
+        """Released blocks: forget their prefix-cache entries, then overwrite their KV."""
+        self.pool.forget(blocks)
+        self.cache.poison_blocks(group, blocks)
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -130,9 +167,17 @@ class Engine:
             return now
         if now - idle_since > self.transfer_timeout_s:
             name = describe(self.connector)
+            held = self.scheduler.held_for_connector
+            waiting = [r.request_id for r in self.scheduler.waiting if r.status is RequestStatus.WAITING_FOR_REMOTE_KVS]
+            what = (
+                f"requests {list(held)} finished with delay_free=True were never reported in finished_sending"
+                if held
+                else f"asynchronous loads of requests {waiting} were never reported in finished_recving"
+                if waiting
+                else "get_num_new_matched_tokens kept answering None"
+            )
             raise ContractError(
-                f'"{name}" made no progress for {self.transfer_timeout_s:g} s: no transfer it started was '
-                "reported finished, or get_num_new_matched_tokens kept answering None",
+                f'"{name}" made no progress for {self.transfer_timeout_s:g} s: {what}',
                 connector=name,
                 method="get_finished",
                 value=self.transfer_timeout_s,

@@ -141,6 +141,11 @@ class Scheduler:
         return bool(self.waiting or self.running or self._delayed_free)
 
     @property
+    def held_for_connector(self) -> tuple[str, ...]:
+        """Finished requests whose blocks the engine keeps until the connector reports them sent."""
+        return tuple(self._delayed_free)
+
+    @property
     def transfers_in_flight(self) -> bool:
         return bool(self._delayed_free) or any(r.status is RequestStatus.WAITING_FOR_REMOTE_KVS for r in self.waiting)
 
@@ -298,6 +303,7 @@ class Scheduler:
         self.stats.load_error_blocks += sum(len(ids) for ids in invalid.values())
         loading = [(s.request, s.load_check) for s in output.scheduled if s.load_check is not None]
         loading += [(r, self._pending_checks[r.request_id]) for r in self.waiting if r.request_id in self._pending_checks]
+        self._check_load_errors(invalid, loading)
         rollback: dict[str, int] = {}
         for request, check in loading:
             first = self._first_invalid_position(request, check, invalid)
@@ -308,6 +314,23 @@ class Scheduler:
             if request.request_id in self._pending_checks:
                 self._pending_checks[request.request_id] = LoadCheck(check.start, first)
         return rollback
+
+    def _check_load_errors(self, invalid: Mapping[int, frozenset[int]], loading: list[tuple[Request, LoadCheck]]) -> None:
+        """Refuse a failed block that no request was loading into: the engine could not tell whom to roll back."""
+        for group, table_of in ((g, [self.tables.block_ids(r)[g.index] for r, _ in loading]) for g in self.shape.groups):
+            loaded: set[int] = set()
+            for table, (_, check) in zip(table_of, loading, strict=True):
+                first, stop = check.start // group.block_size, -(-check.stop // group.block_size)
+                loaded.update(table[first:stop])
+            stray = sorted(invalid.get(group.index, frozenset()) - loaded)
+            if stray:
+                name = describe(self.connector)
+                raise ContractError(
+                    f'"{name}".get_block_ids_with_load_errors reported block(s) {stray} of group {group.index} as '
+                    f"failed, but no request is loading into them in that group (blocks being loaded: {sorted(loaded)}); "
+                    "report each failed block under the group whose table holds it",
+                    connector=name, method="get_block_ids_with_load_errors", group=group.index, value=stray,
+                )
 
     def _first_invalid_position(
         self, request: Request, check: LoadCheck, invalid: Mapping[int, frozenset[int]]

@@ -9,7 +9,11 @@ nothing to compute still runs the connector calls, so transfers make progress.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Set as AbstractSet
 from dataclasses import dataclass
+from typing import cast
+
+from capkv.capabilities._hma import describe
 
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import KVConnectorOutput
@@ -19,6 +23,7 @@ from capkv.engine._outputs import ForwardContext, Mismatch, ModelRunnerOutput, S
 from capkv.engine._request import Request
 from capkv.engine._stats import EngineStats
 from capkv.engine._verify import Verifier
+from capkv.errors import ContractError
 
 __all__ = ["LayerAttentionMetadata", "Worker"]
 
@@ -62,7 +67,7 @@ class Worker:
         with self.stats.transferring():
             connector.wait_for_save()
             sending, recving = connector.get_finished(output.finished_req_ids)
-        invalid = connector.get_block_ids_with_load_errors()
+        invalid = self._load_errors()
         stats = connector.get_kv_connector_stats()
         if stats is not None:
             self.stats.connector_stats.append(stats)
@@ -81,6 +86,32 @@ class Worker:
             ),
             mismatches,
         )
+
+    def _load_errors(self) -> dict[int, set[int]]:
+        """The connector's failed loads, refused unless shaped ``{group index: {block id, ...}}``."""
+        errors = cast("object", self.connector.get_block_ids_with_load_errors())  # judged here, not trusted
+        num_groups = len(self.cache.shape.groups)
+        name = describe(self.connector)
+
+        def refuse(why: str, group: int | None, value: object) -> ContractError:
+            return ContractError(
+                f'"{name}".get_block_ids_with_load_errors returned {why}; expected a dict '
+                f"{{group index: set of block ids}} over groups 0..{num_groups - 1}",
+                connector=name, method="get_block_ids_with_load_errors", group=group, value=value,
+            )
+
+        if not isinstance(errors, Mapping):
+            raise refuse(f"a {type(errors).__name__} ({errors!r})", None, errors)
+        checked: dict[int, set[int]] = {}
+        entries: list[tuple[object, object]] = list(cast("Mapping[object, object]", errors).items())
+        for group, ids in entries:
+            if type(group) is not int or not 0 <= group < num_groups:
+                raise refuse(f"the key {group!r}, which is not a group index", None, group)
+            members = _as_set(ids)
+            if members is None or not all(type(i) is int for i in members):
+                raise refuse(f"{ids!r} for group {group}, which is not a set of int block ids", group, ids)
+            checked[group] = set(cast("AbstractSet[int]", members))
+        return checked
 
     def _forward(self, output: SchedulerOutput, mismatches: list[Mismatch]) -> None:
         """Every layer: wait for its load, check loaded KV, write this step's KV, hand it to the connector."""
@@ -109,3 +140,7 @@ class Worker:
                 connector.save_kv_layer(
                     layer, self.cache.tensors[layer], LayerAttentionMetadata(group.index, slots[group.index])
                 )
+
+
+def _as_set(value: object) -> AbstractSet[object] | None:
+    return cast("AbstractSet[object]", value) if isinstance(value, AbstractSet) else None

@@ -1,4 +1,4 @@
-"""Small in-test connectors for the engine: an HMA block store, its broken variants, a single-group one.
+"""Small in-test connectors for the engine: an HMA block store and its broken variants.
 
 ``BlockStore`` keeps copies of blocks keyed by (group, token prefix up to the
 block's end), in a dict. It saves either layer by layer as the engine computes
@@ -228,28 +228,3 @@ class FailingLoads(BlockStore):
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         errors, self.errors = self.errors, {}
         return errors
-
-
-class SingleGroup(KVConnectorBase[Request]):
-    """A connector that only knows one KV-cache group (no request_finished_all_groups)."""
-
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int, /) -> tuple[int | None, bool]:
-        return 0, False
-
-    def update_state_after_alloc(self, request: Request, blocks: BlockIds, num_external_tokens: int, /) -> None:
-        pass
-
-    def build_connector_meta(self, scheduler_output: Any, /) -> object:
-        return None
-
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        pass
-
-    def wait_for_layer_load(self, layer_name: str, /) -> None:
-        pass
-
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        pass
-
-    def wait_for_save(self) -> None:
-        pass

@@ -12,7 +12,8 @@ import capkv
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector, SingleGroupOffloadConnector
 from capkv.engine import Engine, ModelShape, VerificationError, Workload
 from capkv.engine._request import Request
-from tests.engine.connectors import BlockStore, FailingLoads, Group0Only, OffByOne, SingleGroup
+from capkv.testing import NullConnector
+from tests.engine.connectors import BlockStore, FailingLoads, Group0Only, OffByOne
 
 SHAPE = ModelShape(
     num_layers=6, pattern="FSS", sliding_window=48, num_kv_heads=2, head_dim=8, block_size=16, num_blocks=512
@@ -178,14 +179,14 @@ def test_none_means_ask_again_next_step() -> None:
 
 def test_a_single_group_connector_is_refused_before_serving() -> None:
     store = BlockStore(SHAPE.kv_spec())
-    with pytest.raises(capkv.CapabilityError, match='sub-connector #2 "SingleGroup" does not implement SupportsHMA'):
-        Engine(SHAPE, capkv.MultiConnector(store, SingleGroup()))
+    with pytest.raises(capkv.CapabilityError, match='sub-connector #2 "NullConnector" does not implement SupportsHMA'):
+        Engine(SHAPE, capkv.MultiConnector(store, NullConnector()))
     assert store.calls == []  # refused before anything was registered or served
 
 
 def test_a_single_group_connector_serves_a_single_group_model() -> None:
     shape = ModelShape(num_layers=2, pattern="F", num_kv_heads=1, head_dim=4, block_size=4, num_blocks=300)
-    engine = Engine(shape, SingleGroup())
+    engine = Engine(shape, NullConnector())
     engine.run(WORKLOAD.requests())
     assert engine.stats.requests_finished == WORKLOAD.num_requests
 

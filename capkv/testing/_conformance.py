@@ -1,0 +1,282 @@
+"""The conformance kit: serve a connector through the reference engine and report what held.
+
+For each layout (several KV-cache group counts, windows, block sizes, dtypes) and
+each placement — alone, first in ``MultiConnector(yours, CPUOffloadConnector)``,
+second in ``MultiConnector(CPUOffloadConnector, yours)`` — a fresh connector from
+the author's factory serves a workload cold (the engine computes and the
+connector may save), then warm (the engine forgot its prefix cache and poisoned
+its KV, so prefixes must come back through the connector). The engine verifies
+every loaded block and every finished request bit for bit, refuses stray or
+repeated completion reports, waits a bounded time for every delayed free, checks
+load errors are per group, and poisons blocks the moment they are released, so
+a connector that copies after letting the engine free its blocks stores poison.
+A failure caused by that poison is named an early free: the kit serves the same
+scenario again without poisoning, and if it then passes, the bytes were right
+and their timing was not.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Generator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from capkv.capabilities._hma import describe, supports_hma
+from capkv.composite._multi import MultiConnector
+from capkv.connectors._cpu_offload import CPUOffloadConnector
+from capkv.contracts._connector import KVConnector
+from capkv.contracts._spec import KVSpec
+from capkv.devmode._mode import dev_mode
+from capkv.engine._engine import Engine
+from capkv.engine._model import ModelShape
+from capkv.engine._stats import EngineStats
+from capkv.engine._verify import VerificationError
+from capkv.engine._workload import Workload
+from capkv.errors import CapkvError, ConfigError
+from capkv.testing._layouts import DEFAULT_LAYOUTS, DEFAULT_WORKLOAD, describe_layout
+from capkv.testing._report import ConformanceFailure, ConformanceReport, ScenarioResult
+
+__all__ = ["ConformanceFactory", "assert_conformant", "check_connector"]
+
+ConformanceFactory = Callable[[KVSpec], KVConnector[Any]]
+"""Builds a fresh connector, with empty storage, for the engine's KV cache."""
+
+_ALONE = "alone"
+_FIRST = "first in Multi(yours, CPUOffload)"
+_SECOND = "second in Multi(CPUOffload, yours)"
+_LOADS_FIRST = (_ALONE, _FIRST)
+_IDLE_STEPS = 3
+"""Idle engine steps between the cold and the warm run: worker reports reach the scheduler side."""
+
+
+@dataclass(frozen=True)
+class _Options:
+    workload: Workload
+    require_loads: bool
+    dev: bool
+    transfer_timeout_s: float
+    before_warm: Callable[[Any], object] | None
+
+
+class _Failed(Exception):
+    """A scenario failed; ``verification`` when the engine saw wrong bytes."""
+
+    def __init__(self, message: str, *, verification: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.verification = verification
+
+
+def check_connector(
+    factory: ConformanceFactory,
+    *,
+    layouts: Sequence[ModelShape] = DEFAULT_LAYOUTS,
+    stacks: bool = True,
+    workload: Workload = DEFAULT_WORKLOAD,
+    require_loads: bool = True,
+    dev: bool = True,
+    transfer_timeout_s: float = 10.0,
+    threads: int = 1,
+    before_warm: Callable[[Any], object] | None = None,
+) -> ConformanceReport:
+    """Serve connectors from ``factory`` on every layout, alone and in stacks; never raises for a failure.
+
+    ``factory(spec)`` must return a fresh connector with empty storage each call.
+    A connector that is not HMA-capable is served on the 1-group layouts only.
+    ``require_loads``: the warm run must load through the connector in every
+    group (turn it off for connectors that store nothing). ``dev`` runs the
+    engine in dev mode (every block id and KV tensor handed over is checked).
+    ``transfer_timeout_s`` bounds how long the engine waits for a transfer the
+    connector started. ``threads``: torch's intra-op threads while serving
+    (restored afterwards); more is slower for this engine's small ops.
+    ``before_warm(connector)`` is called with your connector between the runs,
+    for one whose saves land in the background (e.g. ``FileStoreConnector.flush``);
+    the engine then steps idle a few times, so reports of saves that landed
+    reach the scheduler side, as they would with traffic still arriving.
+    """
+    if threads < 1:
+        raise ConfigError(f"check_connector: threads must be at least 1, got {threads}", method="check_connector", value=threads)
+    options = _Options(workload, require_loads, dev, transfer_timeout_s, before_warm)
+    results: list[ScenarioResult] = []
+    not_served: list[str] = []
+    name, hma = "", False
+    with _torch_threads(threads):
+        for shape in layouts:
+            layout = describe_layout(shape)
+            try:
+                probe = factory(shape.kv_spec())
+            except Exception as error:  # the author's code: any failure is a finding
+                results.append(_failed(layout, _ALONE, shape, workload, f"the factory raised {_explain(error)}"))
+                continue
+            name, hma = describe(probe), supports_hma(probe)
+            if not hma and len(shape.groups) > 1:
+                _shutdown_quietly(probe)
+                not_served.append(f"{layout}: {name} is not HMA-capable (no request_finished_all_groups)")
+                continue
+            placements = (_ALONE, _FIRST, _SECOND) if stacks else (_ALONE,)
+            for placement in placements:
+                connector = probe if placement == _ALONE else None
+                results.append(_scenario(factory, shape, placement, options, connector))
+    return ConformanceReport(name, hma, tuple(results), tuple(not_served))
+
+
+def assert_conformant(factory: ConformanceFactory, **options: Any) -> ConformanceReport:
+    """:func:`check_connector`, raising :class:`ConformanceFailure` (an ``AssertionError``) unless every scenario passed."""
+    report = check_connector(factory, **options)
+    if not report.ok:
+        raise ConformanceFailure(report)
+    return report
+
+
+# ---- one scenario -------------------------------------------------------------------------
+
+
+def _scenario(
+    factory: ConformanceFactory, shape: ModelShape, placement: str, options: _Options, connector: KVConnector[Any] | None
+) -> ScenarioResult:
+    layout = describe_layout(shape)
+    try:
+        cold, warm = _serve(factory, shape, placement, options, connector, scrub=True)
+    except _Failed as failure:
+        message = failure.message
+        if failure.verification and _passes_unscrubbed(factory, shape, placement, options):
+            message = (
+                f"early free: {message}. The same scenario passes when the engine leaves released blocks "
+                "intact, so the connector read blocks after the engine was free to reuse them: return "
+                "delay_free=True from request_finished(_all_groups) and report the request in finished_sending "
+                "only once every copy from its blocks is done (or finish copies in wait_for_save)"
+            )
+        return _failed(layout, placement, shape, options.workload, message)
+    loaded = tuple(g.loaded_tokens for g in warm.groups)
+    result = ScenarioResult(
+        layout, placement, tuple(g.loaded_tokens for g in cold.groups), loaded, warm.prompt_tokens
+    )
+    empty = [index for index, tokens in enumerate(loaded) if tokens == 0]
+    if options.require_loads and placement in _LOADS_FIRST and empty:
+        return ScenarioResult(
+            result.layout, result.placement, result.cold_loaded_tokens, loaded, result.warm_prompt_tokens,
+            f"the warm run loaded nothing in group(s) {empty} (tokens loaded per group: {list(loaded)}), though "
+            "the cold run offered every prompt to the connector. Likely causes: saves still in flight when the "
+            "warm run began (pass before_warm=, e.g. FileStoreConnector.flush); a sliding-window group's hit of L "
+            "tokens needs the blocks holding tokens L-window+1 .. L-1, which a store that saves only when a "
+            "request finishes no longer has (save blocks as they fill); a connector that stores nothing "
+            "(pass require_loads=False)",
+        )
+    return result
+
+
+def _serve(
+    factory: ConformanceFactory,
+    shape: ModelShape,
+    placement: str,
+    options: _Options,
+    connector: KVConnector[Any] | None,
+    *,
+    scrub: bool,
+) -> tuple[EngineStats, EngineStats]:
+    """Cold and warm runs; the engine's statistics of each."""
+    spec = shape.kv_spec()
+    try:
+        connector = connector if connector is not None else factory(spec)
+        stack = _place(connector, spec, placement)
+    except Exception as error:  # the author's code
+        raise _Failed(f"building the connector failed: {_explain(error)}") from error
+    phase = "before serving"
+    try:
+        with dev_mode(True if options.dev else None):
+            engine = Engine(shape, stack, transfer_timeout_s=options.transfer_timeout_s, scrub_released_blocks=scrub)
+        phase = "cold run"
+        engine.run(options.workload.requests("cold"))
+        cold = engine.stats.snapshot()
+        phase = "between the runs"
+        if options.before_warm is not None:
+            options.before_warm(connector)
+        for _ in range(_IDLE_STEPS):
+            engine.step()
+        engine.stats.reset()
+        engine.reset_prefix_cache()
+        phase = "warm run"
+        engine.run(options.workload.requests("warm"))
+        warm = engine.stats.snapshot()
+        phase = "shutdown"
+        engine.shutdown()
+    except VerificationError as error:
+        _shutdown_quietly(stack)
+        raise _Failed(f"{phase}: {_mismatch(error)}", verification=True) from error
+    except Exception as error:  # the author's code, or the engine refusing it
+        if phase != "shutdown":
+            _shutdown_quietly(stack)
+        raise _Failed(f"{phase}: {_explain(error)}") from error
+    return cold, warm
+
+
+def _place(connector: KVConnector[Any], spec: KVSpec, placement: str) -> KVConnector[Any]:
+    if placement == _ALONE:
+        return connector
+    capkv_side = CPUOffloadConnector(spec, capacity_blocks=2048)
+    if placement == _FIRST:
+        return MultiConnector(connector, capkv_side)
+    return MultiConnector(capkv_side, connector)
+
+
+def _passes_unscrubbed(factory: ConformanceFactory, shape: ModelShape, placement: str, options: _Options) -> bool:
+    try:
+        _serve(factory, shape, placement, options, None, scrub=False)
+    except _Failed:
+        return False
+    return True
+
+
+def _mismatch(error: VerificationError) -> str:
+    mismatch = error.mismatch
+    why = (
+        "the connector loaded bytes that differ from what the engine computed for this prefix"
+        if mismatch.when == "after load"
+        else "a block the request holds changed after it was computed (a load into the wrong block, "
+        "or a write into blocks the connector was not loading)"
+    )
+    if mismatch.group > 0:
+        why += (
+            f"; group {mismatch.group} is not group 0: a connector that handles group 0 only, or reads every "
+            "group's blocks through group 0's table, fails this way"
+        )
+    return f"wrong KV in group {mismatch.group}: {mismatch.describe()}; {why}"
+
+
+def _explain(error: BaseException) -> str:
+    """``Type: message``, and where it was raised when it is not one of capkv's own errors."""
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, CapkvError):
+        return text
+    frames = traceback.extract_tb(error.__traceback__)
+    if frames:
+        last = frames[-1]
+        text += f" (at {last.filename}:{last.lineno}, in {last.name})"
+    return text
+
+
+def _failed(layout: str, placement: str, shape: ModelShape, workload: Workload, message: str) -> ScenarioResult:
+    zeros = tuple(0 for _ in shape.groups)
+    return ScenarioResult(layout, placement, zeros, zeros, workload.prompt_tokens, message)
+
+
+def _shutdown_quietly(connector: KVConnector[Any]) -> None:
+    """Release a connector that already failed; its shutdown error would hide the first one."""
+    try:
+        connector.shutdown()
+    except Exception:  # noqa: BLE001 - the failure being reported is the first one
+        return
+
+
+@contextmanager
+def _torch_threads(count: int) -> Generator[None]:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
