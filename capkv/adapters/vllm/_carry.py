@@ -9,6 +9,7 @@ so the child passes the originals on instead of rebuilding them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from collections.abc import Mapping as Mapping  # dev mode resolves the inherited fields' hints here
 from dataclasses import dataclass
 from typing import Final
@@ -16,10 +17,11 @@ from typing import Final
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
-from capkv.contracts._engine import BlockIds, KVConnectorOutput
+from capkv.contracts._engine import BlockIds, KVConnectorOutput, LoadErrors
 from capkv.contracts._engine import WorkerMetadata as WorkerMetadata  # as above
+from capkv.errors import ContractError
 
-__all__ = ["VLLM_NULL_BLOCK_ID", "VllmBlockIds", "VllmOutputCarrier", "block_ids_from_vllm"]
+__all__ = ["VLLM_NULL_BLOCK_ID", "VllmBlockIds", "VllmOutputCarrier", "attribute_load_errors", "block_ids_from_vllm"]
 
 VLLM_NULL_BLOCK_ID: Final = 0
 """vLLM's block pool makes block 0 the null block (``is_null``)."""
@@ -44,3 +46,25 @@ class VllmOutputCarrier(KVConnectorOutput):
     its worker metadata set to the child's own for the call (as vLLM's MultiConnector does)."""
 
     vllm_output: VllmKVConnectorOutput | None = None
+
+
+def attribute_load_errors(
+    flat: Iterable[int], group_of: Callable[[int], int | None], *, owner: str, method: str
+) -> LoadErrors:
+    """vLLM's flat load-error set, per KV-cache group.
+
+    A block id belongs to one group at a time, and ``group_of`` says which from the
+    block tables of planned loads; an id no planned load holds is a ``ContractError``,
+    never a guess.
+    """
+    errors: LoadErrors = {}
+    for block_id in flat:
+        group = group_of(block_id)
+        if group is None:
+            raise ContractError(
+                f"{owner}.{method}: vLLM reported a load error for block {block_id!r}, which no request with a "
+                "planned load holds; its KV-cache group cannot be told",
+                connector=owner, method=method, value=block_id,
+            )
+        errors.setdefault(group, set()).add(block_id)
+    return errors

@@ -37,7 +37,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
-from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, VllmOutputCarrier
+from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, VllmOutputCarrier, attribute_load_errors
 from capkv.capabilities._hma import StackNode
 from capkv.contracts._engine import (
     AttentionMetadata,
@@ -265,19 +265,9 @@ class VllmChild(Generic[_V]):
         flat = self._inner.get_block_ids_with_load_errors()
         if not flat:
             return {}
-        errors: LoadErrors = {}
-        for block_id in flat:
-            group = self._group_of.get(block_id)
-            if group is None:
-                raise ContractError(
-                    f"{self._name}.get_block_ids_with_load_errors reported block {block_id!r}, which no load "
-                    "planned through this connector holds; its KV-cache group cannot be told",
-                    connector=self._name,
-                    method="get_block_ids_with_load_errors",
-                    value=block_id,
-                )
-            errors.setdefault(group, set()).add(block_id)
-        return errors
+        return attribute_load_errors(
+            flat, self._group_of.get, owner=self._name, method="get_block_ids_with_load_errors"
+        )
 
     def build_connector_worker_meta(self) -> WorkerMetadata | None:
         return self._inner.build_connector_worker_meta()

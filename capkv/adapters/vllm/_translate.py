@@ -25,8 +25,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
+from capkv.adapters.vllm._carry import attribute_load_errors
 from capkv.contracts._engine import BlockIds, KVConnectorOutput, LoadErrors, WorkerMetadata
-from capkv.errors import ContractError, MetadataError
+from capkv.errors import MetadataError
 
 __all__ = [
     "CapkvStats",
@@ -172,17 +173,12 @@ class LoadingBlocks:
 
     def attribute(self, flat: Iterable[int], *, method: str) -> dict[int, frozenset[int]]:
         """vLLM's flat load-error set, per group."""
-        by_group: dict[int, set[int]] = {}
-        for block_id in flat:
-            found = self._group_of.get(block_id)
-            if found is None:
-                raise ContractError(
-                    f"{self._owner}.{method}: vLLM reported a load error for block {block_id}, which no "
-                    "request with a planned load holds; its KV-cache group cannot be told",
-                    connector=self._owner, method=method, value=block_id,
-                )
-            by_group.setdefault(found[0], set()).add(block_id)
-        return {group: frozenset(ids) for group, ids in by_group.items()}
+        errors = attribute_load_errors(flat, self._group, owner=self._owner, method=method)
+        return {group: frozenset(ids) for group, ids in errors.items()}
+
+    def _group(self, block_id: int) -> int | None:
+        found = self._group_of.get(block_id)
+        return None if found is None else found[0]
 
 
 def to_capkv_output(output: VllmKVConnectorOutput, loading: LoadingBlocks, *, owner: str) -> KVConnectorOutput:
