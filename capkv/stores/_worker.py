@@ -57,14 +57,19 @@ def layout_fingerprints(spec: KVSpec, copier: capkv.transfer._copier.BlockCopier
     )
 
 
-def raise_failures(owner: str, failures: list[BaseException], dropped: int) -> None:
-    """Raise kept background failures: one as it is, several as an ``ExceptionGroup``."""
+def raise_failures(owner: str, failures: list[BaseException], dropped: int, *, reads: int = 0) -> None:
+    """Raise kept failures (the first ``reads`` of them from loads, the rest background writes): one as
+    it is, several as an ``ExceptionGroup``."""
     if not failures:
         return
     if len(failures) == 1 and not dropped:
         raise failures[0]
+    writes = len(failures) - reads + dropped
+    what = " and ".join(
+        part for part in (f"{reads} reads" if reads else "", f"{writes} background writes" if writes else "") if part
+    )
     raise ExceptionGroup(
-        f"{owner}: {len(failures) + dropped} background operations failed" + (f" ({dropped} more not kept)" if dropped else ""),
+        f"{owner}: {what} failed" + (f" ({dropped} more not kept)" if dropped else ""),
         [e if isinstance(e, Exception) else RuntimeError(repr(e)) for e in failures],
     )
 
@@ -320,9 +325,8 @@ class StoreWorker:
 
     def _raise_failures(self) -> None:
         failures, dropped = self._writer.take_failures() if self._writer is not None else ([], 0)
-        failures = self._read_failures + failures
-        self._read_failures = []
-        raise_failures(self._owner, failures, dropped)
+        reads, self._read_failures = self._read_failures, []
+        raise_failures(self._owner, reads + failures, dropped, reads=len(reads))
 
     def shutdown(self) -> None:
         """Let every started save complete, stop the writer, close the backend; raise the failures
