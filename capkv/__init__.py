@@ -39,7 +39,8 @@ if TYPE_CHECKING:
         TokenRequest,
         WorkerMetadata,
     )
-    from capkv.contracts._spec import KVGroupSpec, KVSpec
+    from capkv.contracts._key_inputs import KeyedRequest, KeyInputs, MultimodalItem
+    from capkv.contracts._spec import KVGroupSpec, KVShard, KVSpec
     from capkv.errors import (
         ArgumentError,
         CapabilityError,
@@ -73,13 +74,17 @@ __all__ = [
     "KVConnectorBase",
     "KVConnectorOutput",
     "KVGroupSpec",
+    "KVShard",
     "KVSpec",
     "KVTransferParams",
+    "KeyInputs",
+    "KeyedRequest",
     "LoadErrors",
     "MetadataError",
     "MultiConnector",
     "MultiConnectorMetadata",
     "MultiWorkerMetadata",
+    "MultimodalItem",
     "NonHMAChild",
     "Request",
     "SchedulerOutput",
@@ -124,7 +129,8 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
                 "TokenRequest",
                 "WorkerMetadata",
             ],
-            "capkv.contracts._spec": ["KVGroupSpec", "KVSpec"],
+            "capkv.contracts._key_inputs": ["KeyInputs", "KeyedRequest", "MultimodalItem"],
+            "capkv.contracts._spec": ["KVGroupSpec", "KVShard", "KVSpec"],
             "capkv.errors": [
                 "ArgumentError",
                 "CapabilityError",
@@ -137,5 +143,8 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
                 "SubConnectorError",
             ],
         },
-        submodules=["cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "testing", "transfer"],
+        submodules=[
+            "cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "stores", "testing",
+            "transfer",
+        ],
     )

@@ -30,7 +30,40 @@ from capkv.errors import ConfigError
 if TYPE_CHECKING:  # torch loads only where KV is moved, not with the contracts
     import torch
 
-__all__ = ["KVGroupSpec", "KVSpec"]
+__all__ = ["KVGroupSpec", "KVShard", "KVSpec"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVShard:
+    """Which part of the model's KV cache one worker holds: its tensor- and pipeline-parallel rank and size.
+
+    Tensor-parallel ranks hold different KV heads, pipeline-parallel ranks
+    different layers; a stored block's bytes are one shard's, so stores key
+    them by shard (one rank never reads another's) and offer a block only once
+    every shard holds its part. The scheduler side, which holds no shard of its
+    own, reads only the sizes (:attr:`count`).
+    """
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+
+    def __post_init__(self) -> None:
+        owner = "KVShard"
+        for kind in ("tp", "pp"):
+            size = require_int(getattr(self, f"{kind}_size"), owner, f"{kind}_size", minimum=1)
+            require_int(getattr(self, f"{kind}_rank"), owner, f"{kind}_rank", minimum=0, maximum=size - 1)
+
+    @property
+    def count(self) -> int:
+        """How many shards the KV cache has (every tensor- and pipeline-parallel rank)."""
+        return self.tp_size * self.pp_size
+
+    @property
+    def index(self) -> int:
+        """This shard's number, ``0 .. count - 1``."""
+        return self.pp_rank * self.tp_size + self.tp_rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +102,8 @@ class KVSpec:
     """Which dimension of a layer's KV tensor indexes blocks."""
     dtype: torch.dtype | None = None
     device: torch.device | None = None
+    shard: KVShard = KVShard()
+    """The part of the model's KV cache this spec's worker holds (every part, for a single worker)."""
 
     def __post_init__(self) -> None:
         owner = "KVSpec"
@@ -78,6 +113,7 @@ class KVSpec:
         _set(self, "block_dim", require_int(self.block_dim, owner, "block_dim", minimum=0))
         require_dtype(self.dtype, owner)
         _set(self, "device", require_device(self.device, owner))
+        require_instance(self.shard, KVShard, owner, "shard", "a capkv.KVShard")
         require_instance(self.groups, (tuple, list), owner, "groups", "a tuple of KVGroupSpec, one per group, or ()")
         _set(self, "groups", tuple(cast("tuple[object, ...]", self.groups)))
         for index, group in enumerate(cast("tuple[object, ...]", self.groups)):
@@ -124,6 +160,7 @@ class KVSpec:
         block_dim: int = 0,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        shard: KVShard | None = None,
     ) -> KVSpec:
         """The spec of a vLLM-shaped ``KVCacheConfig``, read by duck typing.
 
@@ -133,7 +170,8 @@ class KVSpec:
         attention backend, not the config: pass ``kv_shape(kv_cache_spec, num_blocks)``
         to get shape templates, e.g. ``lambda s, n: (2, n, s.block_size, s.num_kv_heads,
         s.head_size)`` with ``block_dim=1`` for vLLM's FlashAttention layout.
-        ``dtype`` defaults to the groups' ``kv_cache_spec.dtype`` when they all agree.
+        ``dtype`` defaults to the groups' ``kv_cache_spec.dtype`` when they all agree;
+        ``shard`` says which tensor- and pipeline-parallel rank the config is for.
         """
         groups: Sequence[Any] = getattr(config, "kv_cache_groups", ())
         blocks = num_blocks if num_blocks is not None else getattr(config, "num_blocks", None)
@@ -163,6 +201,7 @@ class KVSpec:
             block_dim=block_dim,
             dtype=dtype,
             device=None if device is None else _device(device),
+            shard=KVShard() if shard is None else shard,
         )
 
     @cached_property

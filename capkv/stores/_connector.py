@@ -66,7 +66,7 @@ class StoreConnector(PrefixStoreConnector):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], /) -> None:
         super().register_kv_caches(kv_caches)
-        self.index.set_layout(self._store.fingerprints)  # this object is both sides: no need to wait for a report
+        self.index.set_layout(self._store.fingerprints, self.spec.shard.index)  # both sides here: no need to wait
 
     def request_finished_all_groups(
         self, request: ComputedTokenRequest, block_ids: BlockIds, /

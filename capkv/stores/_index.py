@@ -34,12 +34,12 @@ _log = logging.getLogger("capkv.stores")
 class BackendIndex:
     """What the scheduler side knows of a shared backend's contents (a batched, layout-aware index)."""
 
-    def __init__(self, backend: Backend, spec: KVSpec, *, owner: str, shards: int = 1) -> None:
+    def __init__(self, backend: Backend, spec: KVSpec, *, owner: str) -> None:
         from capkv.transfer._layout import spec_block_nbytes  # noqa: PLC0415 (sizes from the spec alone)
 
         self._backend = backend
         self._owner = owner
-        self._shards = shards
+        self._shards = spec.shard.count
         self._sizes = tuple(HEADER_SIZE + spec_block_nbytes(spec, g, owner=owner) for g in range(spec.num_groups))
         self._layouts: dict[int, tuple[bytes, ...]] = {}
         self._known: dict[BlockKey, bool] = {}

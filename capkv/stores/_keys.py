@@ -1,13 +1,35 @@
-"""Content keys for stored blocks: a chained hash of the token prefix, per group.
+"""What a stored block's key names: everything that determines its bytes, and nothing else.
 
-Block ``i`` of group ``g`` is keyed by the hash of its tokens chained onto the
-key of block ``i - 1``, so a key names the whole prefix up to the block's end:
-two requests share a key exactly when they share that prefix. Each group chains
-with its own block size from its own root, and the root folds in the group's
-layout (layers, per-layer block shape, dtype, block size) and a caller-chosen
-namespace (name the model there), so blocks of different models or layouts
-never collide in a shared store. BLAKE2b from :mod:`hashlib`: the same key in
-every process, unlike ``hash()``.
+A block is stored under a :class:`~capkv.stores.StoreKey` made of
+
+1. the **namespace** (caller-chosen: name the model there) and the **model
+   layout** of the block's group — its index, block size, layer names,
+   per-layer block shape and dtype — folded into the group's root digest;
+2. the **token prefix**: block ``i`` of a group is the digest of its tokens
+   chained onto the digest of block ``i - 1``, so a key names the whole prefix
+   up to the block's end (each group chains with its own block size);
+3. the request's **inputs besides its tokens** that change KV
+   (:class:`~capkv.KeyInputs`, following vLLM's rule for its own block
+   hashes): the cache salt and the adapter are folded into the request's root
+   (so they reach every block, as vLLM's first-block salt does), each block
+   folds in the multimodal items it overlaps (their content hash and offset
+   from the block's start) and the digest of the prompt embeddings at its
+   positions — together (1)-(3) are the :class:`BlockKey` the scheduler side
+   plans with: ``(group, digest)``;
+4. the **memory layout and shard** of the bytes (the worker's fingerprint:
+   dtype, the order and sizes of a block's runs in the registered KV cache,
+   and its tensor- and pipeline-parallel rank and size,
+   :func:`~capkv.stores._worker.layout_fingerprints`): ``StoreKey.layout``.
+   Each worker stores and loads its own shard's values only, and the
+   scheduler side offers a block only when every shard's value is there.
+
+Two requests share a key exactly when all of these agree. BLAKE2b from
+:mod:`hashlib` and a fixed encoding (``repr`` of tuples of ``str``/``int``/
+``bytes``): the same key in every process and on every machine — unlike
+``hash()``, or vLLM's own ``request.block_hashes``, which depend on the
+engine's hash settings (``prefix_caching_hash_algo``; a random per-process
+seed for the ``xxhash`` ones unless ``PYTHONHASHSEED`` is set) and on its hash
+block size, so capkv derives its keys from the same *inputs* instead.
 """
 
 from __future__ import annotations
@@ -17,6 +39,7 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from capkv.contracts._key_inputs import KeyInputs
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ContractError
 
@@ -27,7 +50,7 @@ DIGEST_SIZE = 16
 
 
 class BlockKey(NamedTuple):
-    """Where a stored block belongs: its group and the digest of its token prefix."""
+    """Where a stored block belongs: its group and the digest of its token prefix (and request inputs)."""
 
     group: int
     digest: bytes
@@ -36,6 +59,10 @@ class BlockKey(NamedTuple):
     def name(self) -> str:
         """A file-system-safe name, unique per key."""
         return f"g{self.group}-{self.digest.hex()}"
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest()
 
 
 class PrefixHasher:
@@ -47,25 +74,40 @@ class PrefixHasher:
         self._owner = owner
         self._block_sizes = tuple(group.block_size or 0 for group in spec.groups)
         self._roots = tuple(
-            hashlib.blake2b(
-                repr((
-                    "capkv.prefix.v1", namespace, index, group.block_size, group.layer_names,
-                    _without(group.kv_shape, spec.block_dim), str(spec.dtype),
-                )).encode(),
-                digest_size=DIGEST_SIZE,
-            ).digest()
+            _digest(repr((
+                "capkv.prefix.v1", namespace, index, group.block_size, group.layer_names,
+                _without(group.kv_shape, spec.block_dim), str(spec.dtype),
+            )).encode())
             for index, group in enumerate(spec.groups)
         )
 
     def block_size(self, group: int) -> int:
         return self._block_sizes[group]
 
-    def extend(self, group: int, tokens: Sequence[int], digests: list[bytes], count: int, *, method: str) -> None:
+    def root(self, group: int, inputs: KeyInputs | None = None) -> bytes:
+        """The digest a request's chain of ``group`` starts from: the group's root, with the request's
+        salt and adapter folded in."""
+        root = self._roots[group]
+        if inputs is None or not (inputs.cache_salt or inputs.adapter):
+            return root
+        return _digest(root + repr(("request", inputs.cache_salt or None, inputs.adapter or None)).encode())
+
+    def extend(
+        self,
+        group: int,
+        tokens: Sequence[int],
+        digests: list[bytes],
+        count: int,
+        *,
+        method: str,
+        inputs: KeyInputs | None = None,
+    ) -> None:
         """Append digests to ``digests`` (group ``group``'s chain over ``tokens``) until it has ``count``."""
         size = self._block_sizes[group]
-        previous = digests[-1] if digests else self._roots[group]
+        previous = digests[-1] if digests else self.root(group, inputs)
         for index in range(len(digests), count):
-            chunk = tokens[index * size : (index + 1) * size]
+            start, end = index * size, (index + 1) * size
+            chunk = tokens[start:end]
             try:
                 packed = struct.pack(f"<{size}q", *chunk)
             except struct.error as exc:
@@ -74,18 +116,34 @@ class PrefixHasher:
                     f"are not 64-bit integer token ids ({exc})",
                     connector=self._owner, method=method, group=group, value=list(chunk),
                 ) from exc
-            previous = hashlib.blake2b(previous + packed, digest_size=DIGEST_SIZE).digest()
+            if inputs is not None:
+                packed += _block_inputs(inputs, start, end)
+            previous = _digest(previous + packed)
             digests.append(previous)
+
+
+def _block_inputs(inputs: KeyInputs, start: int, end: int) -> bytes:
+    """What of the request's inputs feeds positions ``[start, end)`` (empty when nothing does)."""
+    parts: list[tuple[object, ...]] = [
+        ("mm", item.identifier, item.offset - start, item.length)
+        for item in inputs.multimodal
+        if item.offset < end and item.offset + item.length > start
+    ]
+    if start < len(inputs.prompt_embeds):
+        parts.append(("embeds", _digest(b"".join(inputs.prompt_embeds[start:end]))))
+    # A block's tokens are a fixed number of bytes, so anything appended makes another digest input.
+    return repr(tuple(parts)).encode() if parts else b""
 
 
 class RequestKeys:
     """One request's block keys per group, computed lazily and extended as its tokens grow."""
 
-    __slots__ = ("_chains", "_hasher", "_tokens")
+    __slots__ = ("_chains", "_hasher", "_inputs", "_tokens")
 
-    def __init__(self, hasher: PrefixHasher, tokens: Sequence[int]) -> None:
+    def __init__(self, hasher: PrefixHasher, tokens: Sequence[int], inputs: KeyInputs | None = None) -> None:
         self._hasher = hasher
         self._tokens = tokens
+        self._inputs = inputs
         self._chains: dict[int, list[bytes]] = {}
 
     def update(self, tokens: Sequence[int]) -> None:
@@ -96,7 +154,7 @@ class RequestKeys:
         """The key of block ``index`` of ``group``; the block must be full of tokens."""
         chain = self._chains.setdefault(group, [])
         if index >= len(chain):
-            self._hasher.extend(group, self._tokens, chain, index + 1, method=method)
+            self._hasher.extend(group, self._tokens, chain, index + 1, method=method, inputs=self._inputs)
         return BlockKey(group, chain[index])
 
 

@@ -8,6 +8,7 @@ boundary as it is: the two sides share nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,29 +61,50 @@ class SaveReport:
 
     A save is planned once per key and the key counts as held from then on,
     so it is not planned twice while it is in flight; the report ends that
-    state, whichever way the save went.
+    state, whichever way the save went. With several workers (tensor- and
+    pipeline-parallel ranks, each storing its own shard of every block) a
+    report says which shard it speaks for, and merging reports keeps each
+    shard's apart (``more``): a block is loadable once *every* shard stored
+    it, and a failure in any shard fails it.
     """
 
     stored: frozenset[BlockKey] = frozenset()
-    """Complete in the store: loadable from now on."""
+    """Complete in the store (this shard's part): loadable once every shard's is."""
     failed: frozenset[BlockKey] = frozenset()
     """Not stored (a disk error, say): the scheduler may plan them again."""
     loaded_through: int | None = None
-    """The last step whose loads ran (``None``: no news); the blocks they read may be evicted."""
+    """The last step whose loads ran (``None``: no news); the blocks they read may be evicted. For a
+    merged report: the last step every worker's loads ran."""
     layout: tuple[bytes, ...] | None = None
     """The worker's memory-layout fingerprint per group, reported once after ``register_kv_caches``
-    by stores whose stored bytes depend on it (files), so a scheduler side that never saw the KV
-    cache offers only blocks this worker can load."""
+    by stores whose stored bytes depend on it, so a scheduler side that never saw the KV cache offers
+    only blocks this worker can load."""
+    shard: int = 0
+    """The KV-cache shard (``KVShard.index``) whose worker reports ``stored``, ``failed`` and ``layout``."""
+    more: tuple[SaveReport, ...] = ()
+    """The other shards' reports, merged in by :meth:`aggregate` (one per shard, each without ``more``)."""
+
+    def parts(self) -> tuple[SaveReport, ...]:
+        """One report per shard: this one's, then ``more``."""
+        return (dataclasses.replace(self, more=()), *self.more) if self.more else (self,)
 
     def aggregate(self, other: Any, /) -> SaveReport:
-        """Merge another worker's report; a key that any worker failed to store counts as failed, and
-        a step's loads are done once every worker has done them (releasing a pin late is safe, early is not)."""
+        """Merge another worker's report (vLLM merges every worker's each step). Per shard: stored and
+        failed keys are united, a key that shard failed to store counts as failed; a step's loads are
+        done once every worker has done them (releasing a pin late is safe, early is not)."""
         if not isinstance(other, SaveReport):
             raise MetadataError(
                 f"SaveReport.aggregate: expected another SaveReport, got {other!r}",
                 connector="SaveReport", method="aggregate", value=other,
             )
-        failed = self.failed | other.failed
+        merged: dict[int, tuple[frozenset[BlockKey], frozenset[BlockKey], tuple[bytes, ...] | None]] = {}
+        for part in (*self.parts(), *other.parts()):
+            stored, failed, layout = merged.get(part.shard, (frozenset(), frozenset(), None))
+            merged[part.shard] = (stored | part.stored, failed | part.failed, layout or part.layout)
         mine, theirs = self.loaded_through, other.loaded_through
         loaded = None if mine is None or theirs is None else min(mine, theirs)  # a later report covers it
-        return SaveReport((self.stored | other.stored) - failed, failed, loaded, self.layout or other.layout)
+        first, *rest = (
+            SaveReport(stored - failed, failed, None, layout, shard)
+            for shard, (stored, failed, layout) in sorted(merged.items())
+        )
+        return dataclasses.replace(first, loaded_through=loaded, more=tuple(rest))

@@ -38,6 +38,7 @@ from capkv.stores._keys import BlockKey, PrefixHasher, RequestKeys
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
 from capkv.stores._step import scheduled_blocks
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVConnectorOutput, TokenRequest
+from capkv.contracts._key_inputs import request_key_inputs
 from capkv.contracts._spec import KVSpec
 from capkv.contracts._token_requests import check_token_request
 from capkv.contracts._block_ids import check_block_groups
@@ -135,8 +136,8 @@ class ChainAwareIndex(Protocol):
 class LayoutAwareIndex(Protocol):
     """An index whose contents depend on the engine's memory layout (see ``SaveReport.layout``)."""
 
-    def set_layout(self, fingerprints: tuple[bytes, ...], /) -> None:
-        """The worker's layout fingerprint per group."""
+    def set_layout(self, fingerprints: tuple[bytes, ...], /, shard: int = 0) -> None:
+        """Shard ``shard``'s worker's layout fingerprint per group."""
         ...
 
 
@@ -176,6 +177,9 @@ class StoreScheduler:
         self._step = 0
         """The step number of the last metadata built."""
         self._pinned_by_step: dict[int, list[BlockKey]] = {}
+        self._shards = spec.shard.count
+        self._stored_by: dict[BlockKey, set[int]] = {}
+        """Keys some shards reported stored and others not yet (several workers): not loadable yet."""
         self.hit_tokens: int = 0
         """Tokens offered and accepted since the last :meth:`take_hit_tokens`."""
 
@@ -185,7 +189,7 @@ class StoreScheduler:
         """Tokens beyond ``num_computed_tokens`` that every group can load (block-aligned)."""
         method = "get_num_new_matched_tokens"
         check_token_request(request, connector=self._owner, method=method)
-        keys = self._request_keys(request)
+        keys = self._request_keys(request, method)
         total = len(request.all_token_ids)
         self._check_token_count(num_computed_tokens, total, request.request_id, method, "num_computed_tokens")
         limit = total - 1  # the engine must compute at least the last token
@@ -214,7 +218,7 @@ class StoreScheduler:
         offer = self._offers.pop(request.request_id, None)
         accepted = self._accepted(request.request_id, offer, num_external_tokens) if num_external_tokens else None
         self._check_block_ids(blocks, method)
-        keys = self._request_keys(request)
+        keys = self._request_keys(request, method)
         live = self._live.get(request.request_id)
         if live is None:
             self._live[request.request_id] = _Live(
@@ -294,7 +298,7 @@ class StoreScheduler:
         live = self._live.pop(request_id, None)
         keys = self._keys.pop(request_id, None) or (live.keys if live is not None else None)
         if keys is None:
-            keys = RequestKeys(self._hasher, request.all_token_ids)
+            keys = RequestKeys(self._hasher, request.all_token_ids, request_key_inputs(request, connector=self._owner, method=method))
         keys.update(request.all_token_ids)
         self._check_block_ids(block_ids, method)
         computed = self._computed_tokens(request, method)
@@ -449,23 +453,41 @@ class StoreScheduler:
                 f"{self._owner}.{method}: expected SaveReport worker metadata, got {report!r}",
                 connector=self._owner, method=method, value=report,
             )
-        if report.layout is not None and isinstance(self._index, LayoutAwareIndex):
-            self._index.set_layout(report.layout)
+        parts = report.parts()
+        for part in parts:
+            if not 0 <= part.shard < self._shards:
+                raise MetadataError(
+                    f"{self._owner}.{method}: a report from shard {part.shard}; the KV cache has "
+                    f"{self._shards} shard(s) (KVSpec.shard)",
+                    connector=self._owner, method=method, value=part.shard,
+                )
+            if part.layout is not None and isinstance(self._index, LayoutAwareIndex):
+                self._index.set_layout(part.layout, part.shard)
         if report.loaded_through is not None:
             for step in [step for step in self._pinned_by_step if step <= report.loaded_through]:
                 for key in self._pinned_by_step.pop(step):
                     self._index.unpin(key)
-        for key in report.stored:
-            self._index.commit(key)
-        for key in report.failed:
+        failed = {key for part in parts for key in part.failed}
+        for key in failed:  # one shard's failure fails the block: every shard saves it again
+            self._stored_by.pop(key, None)
             self._index.release(key)
+        for part in parts:
+            for key in part.stored - failed:
+                if self._shards > 1:
+                    shards = self._stored_by.setdefault(key, set())
+                    shards.add(part.shard)
+                    if len(shards) < self._shards:
+                        continue  # loadable once every shard holds its part
+                    del self._stored_by[key]
+                self._index.commit(key)
 
     # ---- helpers -------------------------------------------------------------------
 
-    def _request_keys(self, request: TokenRequest) -> RequestKeys:
+    def _request_keys(self, request: TokenRequest, method: str) -> RequestKeys:
         keys = self._keys.get(request.request_id)
         if keys is None:
-            keys = self._keys[request.request_id] = RequestKeys(self._hasher, request.all_token_ids)
+            inputs = request_key_inputs(request, connector=self._owner, method=method)
+            keys = self._keys[request.request_id] = RequestKeys(self._hasher, request.all_token_ids, inputs)
         else:
             keys.update(request.all_token_ids)
         return keys

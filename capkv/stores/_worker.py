@@ -49,10 +49,15 @@ __all__ = ["StoreWorker", "layout_fingerprints", "raise_failures"]
 
 
 def layout_fingerprints(spec: KVSpec, copier: capkv.transfer._copier.BlockCopier) -> tuple[bytes, ...]:
-    """Per group, what fixes the meaning of a stored block's bytes: the dtype and the order and
-    sizes of the block's runs in the registered KV cache."""
+    """Per group, what fixes the meaning of a stored block's bytes: the dtype, the order and sizes of
+    the block's runs in the registered KV cache, and which shard of the model's KV cache they are
+    (tensor- and pipeline-parallel rank and size: ``spec.shard``)."""
+    shard = spec.shard
+    where = (shard.tp_rank, shard.tp_size, shard.pp_rank, shard.pp_size)
     return tuple(
-        hashlib.blake2b(repr(("capkv.layout.v2", str(spec.dtype), group.signature)).encode(), digest_size=LAYOUT_SIZE).digest()
+        hashlib.blake2b(
+            repr(("capkv.layout.v2", str(spec.dtype), group.signature, where)).encode(), digest_size=LAYOUT_SIZE
+        ).digest()
         for group in copier.layout.groups
     )
 
@@ -287,7 +292,10 @@ class StoreWorker:
         self._settle(wait=False)
         if not self._stored and not self._failed and self._loaded_through is None and self._layout_news is None:
             return None
-        report = SaveReport(frozenset(self._stored), frozenset(self._failed), self._loaded_through, self._layout_news)
+        report = SaveReport(
+            frozenset(self._stored), frozenset(self._failed), self._loaded_through, self._layout_news,
+            self._spec.shard.index,
+        )
         self._stored, self._failed, self._loaded_through, self._layout_news = set(), set(), None, None
         return report
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from capkv.contracts._engine import BlockIds
+from capkv.contracts._key_inputs import MultimodalItem
 from capkv.contracts._spec import KVSpec
 from capkv.engine._outputs import ForwardContext, LoadCheck, ScheduledRequest, SchedulerOutput
 from capkv.engine._request import Request
@@ -27,9 +28,18 @@ def make_request(
     *,
     max_tokens: int = 1,
     num_computed_tokens: int = 0,
+    cache_salt: str | None = None,
+    adapter: str | None = None,
+    multimodal: Sequence[MultimodalItem] = (),
+    prompt_embeds: Sequence[bytes] = (),
 ) -> Request:
-    """A request as the reference engine tracks it (a :class:`capkv.ComputedTokenRequest`)."""
-    request = Request(request_id, prompt_token_ids, max_tokens=max_tokens)
+    """A request as the reference engine tracks it (a :class:`capkv.ComputedTokenRequest` and a
+    :class:`capkv.KeyedRequest`: ``cache_salt``, ``adapter``, ``multimodal`` and ``prompt_embeds`` are
+    its inputs besides its tokens, see :class:`capkv.KeyInputs`)."""
+    request = Request(
+        request_id, prompt_token_ids, max_tokens=max_tokens, cache_salt=cache_salt, adapter=adapter,
+        multimodal=multimodal, prompt_embeds=prompt_embeds,
+    )
     if not 0 <= num_computed_tokens <= request.num_tokens:
         raise ConfigError(
             f"make_request: num_computed_tokens {num_computed_tokens} is outside [0, {request.num_tokens}]",
