@@ -20,6 +20,12 @@ take earlier, or whose save failed) are planned as ``saves``, for which the
 engine keeps the blocks (``delay_free``). A request whose load failed this step
 saves nothing this step: its KV from the failed block on is recomputed later.
 
+With several workers (tensor- and pipeline-parallel ranks: ``KVSpec.shard``),
+each stores its own shard of every block under keys of its own; the workers'
+reports arrive merged, each shard's part kept apart (``SaveReport.more``), and a
+key becomes loadable only once *every* shard reported it stored (a failure in
+any shard makes it saveable again, for every shard).
+
 Blocks a load will read are pinned (not evictable) from the plan until the
 worker reports that step's loads done: each metadata carries its step number
 and the report the highest step whose loads ran, so an engine that skips

@@ -53,8 +53,13 @@ def serve(
     runs: int = 1,
     kv_transfer_config: Mapping[str, Any] | None = None,
     disable_hybrid_kv_cache_manager: bool | None = None,
+    cache_salt: str | None = None,
+    **llm_options: Any,
 ) -> Served:
-    """A fresh engine serves ``prompts`` ``runs`` times (greedy), then is shut down."""
+    """A fresh engine serves ``prompts`` ``runs`` times (greedy), then is shut down.
+
+    ``cache_salt``: every prompt's (a tenant's); ``llm_options``: more of ``LLM``'s arguments
+    (``tensor_parallel_size``, ``distributed_executor_backend``)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -70,6 +75,7 @@ def serve(
         seed=0,
         kv_transfer_config=dict(kv_transfer_config) if kv_transfer_config is not None else None,
         disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
+        **llm_options,
     )
     core = llm.llm_engine.engine_core.engine_core
     scheduler = core.scheduler
@@ -78,7 +84,12 @@ def serve(
     try:
         for _ in range(runs):
             began = time.perf_counter()
-            outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+            inputs = [
+                TokensPrompt(prompt_token_ids=list(p)) if cache_salt is None
+                else TokensPrompt(prompt_token_ids=list(p), cache_salt=cache_salt)
+                for p in prompts
+            ]
+            outputs = llm.generate(inputs, params, use_tqdm=False)
             for _ in range(MAX_DRAIN_STEPS):  # finish the connector's work, as a serving engine would
                 if not scheduler.has_requests():
                     break
@@ -102,6 +113,19 @@ def serve(
         del llm, core, scheduler
         gc.collect()
     return Served(done, groups, stats, time.perf_counter() - start)
+
+
+def file_store_host(root: Path, *, host: str = "CapkvHMAConnector") -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` for a capkv host over one ``FileStoreConnector`` in ``root``."""
+    return {
+        "kv_connector": host,
+        "kv_connector_module_path": "capkv.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"stack": {
+            "kv_connector": "FileStoreConnector",
+            "kv_connector_extra_config": {"root": str(root), "namespace": "tiny"},
+        }},
+    }
 
 
 def counter(stats: Mapping[Any, Any], name: str) -> float:

@@ -51,7 +51,8 @@ from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
 from capkv.capabilities._serving import check_stack, finish_request
 from capkv.config._hosts import HMA_HOST, PLAIN_HOST, require_host_capability, stack_config
 from capkv.adapters.vllm._child import vllm_connectors
-from capkv.adapters.vllm._spec import engine_spec, registered_caches
+from capkv.adapters.vllm._request import read_vllm_requests
+from capkv.adapters.vllm._spec import engine_shard, engine_spec, registered_caches
 from capkv.adapters.vllm._stack import Engine, build_hosted, configured_fact, load_hosted
 from capkv.adapters.vllm._translate import (
     CapkvStats,
@@ -92,7 +93,10 @@ class CapkvConnector(KVConnectorBase_V1):
         extra = None if transfer is None else transfer.kv_connector_extra_config
         configured = load_hosted(stack_config(extra, host=host))
         require_host_capability(host, configured)  # from the classes, before anything is built
-        self.spec = engine_spec(kv_cache_config, owner=host)
+        read_vllm_requests()  # stores key blocks by a request's salt, adapter, images and embeddings too
+        self.spec = engine_spec(
+            kv_cache_config, owner=host, shard=engine_shard(vllm_config.parallel_config, role, owner=host)
+        )
         built = build_hosted(configured, Engine(vllm_config, role, kv_cache_config, self.spec))
         require_host_capability(host, built)  # the built children have the last word
         check_stack(built, self.spec)

@@ -1,4 +1,4 @@
-"""The engine's KV cache as capkv sees it: a :class:`~capkv.KVSpec` from vLLM's ``KVCacheConfig``.
+"""The engine's KV cache as capkv sees it: a :class:`~capkv.KVSpec` from vLLM's ``KVCacheConfig``, and the worker's shard.
 
 Both roles need the same spec — capkv's stores key blocks by each group's
 layout, so the scheduler side (which never sees a tensor) must know the shapes
@@ -7,6 +7,12 @@ the worker side will register. vLLM 0.32 views every layer's paged KV as
 through ``compute_layer_kv_cache_shape_bytes``; the spec takes that view, in
 elements of the group's dtype, and the worker side checks every registered
 tensor against it before the stack sees one.
+
+Under tensor or pipeline parallelism each worker holds one shard of the KV
+cache (its KV heads, its layers): the spec says which (:class:`~capkv.KVShard`,
+from vLLM's parallel config and, on a worker, its ranks), so capkv's stores key
+each rank's bytes apart and offer a block once every rank stored its part. The
+scheduler side has no shard of its own: it gets the sizes, rank 0.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import dataclasses
 from typing import Any
 
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -22,14 +29,42 @@ from vllm.v1.kv_cache_interface import (
     compute_layer_kv_cache_shape_bytes,
 )
 
-from capkv.contracts._spec import KVSpec
+from capkv.contracts._spec import KVShard, KVSpec
 from capkv.errors import ConfigError
 
-__all__ = ["engine_spec", "registered_caches"]
+__all__ = ["engine_shard", "engine_spec", "registered_caches"]
 
 
-def engine_spec(kv_cache_config: KVCacheConfig, *, owner: str) -> KVSpec:
-    """The spec of vLLM's KV cache: groups, block sizes, windows, per-layer shapes, dtype."""
+def engine_shard(parallel_config: Any, role: KVConnectorRole, *, owner: str) -> KVShard:
+    """The shard of the KV cache this connector's role holds: a worker's tensor- and pipeline-parallel
+    rank (vLLM's parallel groups), the scheduler's rank 0; the sizes from vLLM's parallel config."""
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        size = getattr(parallel_config, name, 1)
+        if size != 1:
+            raise ConfigError(
+                f"{owner}: {name}={size}: capkv's stores key a block by tensor- and pipeline-parallel shard, "
+                "and do not split its tokens across context-parallel ranks",
+                connector=owner, method="__init__", value=size,
+            )
+    tp_size, pp_size = parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size
+    if role != KVConnectorRole.WORKER or tp_size * pp_size == 1:
+        return KVShard(tp_size=tp_size, pp_size=pp_size)
+    from vllm.distributed import parallel_state  # noqa: PLC0415 (set up in the worker before its connector)
+
+    if not parallel_state.model_parallel_is_initialized():
+        raise ConfigError(
+            f"{owner}: a worker of a {tp_size}x{pp_size}-way parallel engine, but vLLM's parallel groups are not "
+            "set up: its shard is unknown",
+            connector=owner, method="__init__", value=(tp_size, pp_size),
+        )
+    return KVShard(
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(), tp_size=tp_size,
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(), pp_size=pp_size,
+    )
+
+
+def engine_spec(kv_cache_config: KVCacheConfig, *, owner: str, shard: KVShard | None = None) -> KVSpec:
+    """The spec of vLLM's KV cache: groups, block sizes, windows, per-layer shapes, dtype, and the shard."""
 
     def shape(kv_cache_spec: Any, num_blocks: int) -> tuple[int, ...]:
         blocks, heads, states, content = compute_layer_kv_cache_shape_bytes(kv_cache_spec, num_blocks)
@@ -42,7 +77,7 @@ def engine_spec(kv_cache_config: KVCacheConfig, *, owner: str) -> KVSpec:
             )
         return (blocks, heads, states, content // dtype.itemsize)
 
-    spec = KVSpec.from_kv_cache_config(kv_cache_config, kv_shape=shape, block_dim=0)
+    spec = KVSpec.from_kv_cache_config(kv_cache_config, kv_shape=shape, block_dim=0, shard=shard)
     windows = tuple(_window(group.kv_cache_spec, index, owner) for index, group in enumerate(kv_cache_config.kv_cache_groups))
     return dataclasses.replace(
         spec, groups=tuple(dataclasses.replace(g, sliding_window=w) for g, w in zip(spec.groups, windows, strict=True))

@@ -10,6 +10,10 @@ class Request:
     all_token_ids: ConstantList[int]
     block_hashes: list[Any]
     kv_transfer_params: dict[str, Any] | None
+    cache_salt: str | None
+    lora_request: Any
+    mm_features: list[Any]
+    prompt_embeds: Any
     def __init__(
         self,
         request_id: str,
