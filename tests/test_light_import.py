@@ -80,7 +80,7 @@ def test_importing_every_front_loads_no_implementation(dev: bool) -> None:
     ]
     facts = loaded(probe(f"import json, sys\nimport {', '.join(fronts)}\n{REPORT}", dev=dev))
     assert facts["torch"] is False and facts["beartype"] is False
-    assert facts["capkv"] == sorted([*fronts, "capkv._lazy"])
+    assert facts["capkv"] == sorted([*fronts, "capkv._lazy", "capkv._version"])
 
 
 def test_the_first_name_taken_loads_its_module_and_in_dev_mode_beartype() -> None:
