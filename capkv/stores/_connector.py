@@ -7,7 +7,7 @@ writer and the worker's reports are all here, so a backend only stores bytes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from capkv.contracts._arguments import argument_error, require_str
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
@@ -35,7 +35,7 @@ def require_backend(backend: object, owner: str) -> Backend:
             owner, "backend", backend,
             f"a capkv.stores.Backend (missing {', '.join(missing)})", connector=owner, method="__init__",
         )
-    return backend  # type: ignore[return-value]  # every member checked above
+    return cast("Backend", backend)  # every member checked above
 
 
 class StoreConnector(PrefixStoreConnector):
