@@ -12,15 +12,11 @@ immutable, so a reader that opened one keeps reading the same bytes even if
 another process evicts (unlinks) it meanwhile: there are no torn reads.
 
 Every record is self-checking — magic, version, the block's key, a fingerprint
-of the memory layout that produced the bytes, the payload length and a 64-bit
-checksum of the payload — so a truncated, corrupted or stale record is rejected,
-never loaded. The checksum (:func:`block_checksums`) is a position-weighted sum
-(mod 2**64) of the payload's 8-byte words taken along two axes, every word with
-an odd weight: it changes with every single-bit error, and words moved, swapped,
-zeroed or cut off pass it only by coincidence. Not a defence against an adversary
-(neither is a CRC), but torch computes it for a whole batch of blocks at memory
-speed, about five times faster than ``zlib.crc32`` here, where a CRC alone cost
-more than reading the bytes. Reading
+of the memory layout that produced the bytes, the payload length and the
+payload's checksum (:mod:`capkv.connectors._integrity`: XXH3-128 bound to the
+key and fingerprint) — so a truncated, corrupted, moved or stale record is
+rejected, never loaded. Records of older format versions are not listed: a
+miss, never misread. Reading
 decides by what happened: a missing pack is a miss; a bad header or CRC is
 damage; any other ``OSError`` (out of file descriptors, an I/O error, no
 permission) is this read's failure only, and says nothing about the file.
@@ -39,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from capkv.connectors._integrity import CHECKSUM_SIZE, block_identity, checksum
 from capkv.connectors._keys import DIGEST_SIZE, BlockKey
 
 __all__ = [
@@ -49,6 +46,7 @@ __all__ = [
     "ReadResult",
     "RecordHeader",
     "block_checksums",
+    "payload_checksum",
     "read_record",
     "read_records",
     "scan_pack",
@@ -58,11 +56,11 @@ __all__ = [
 ]
 
 _MAGIC = b"CAPKVBLK"
-_VERSION = 3
-_HEADER = struct.Struct(f"<8sII{DIGEST_SIZE}s32sQQ")
-_CHUNK_WORDS = 64
-_MIX = 0x0E3779B97F4A7C15
-_weights: dict[int, torch.Tensor] = {}
+_VERSION = 4
+"""4: XXH3-128 checksums bound to the key (3 had a 64-bit position-weighted sum)."""
+_HEADER = struct.Struct(f"<8sII{DIGEST_SIZE}s32sQ{CHECKSUM_SIZE}s")
+_READ_LIMIT = 1 << 30
+"""At most this many bytes per read call (Linux moves at most 2 GiB - 4 KiB per call anyway)."""
 HEADER_SIZE = _HEADER.size
 TEMP_SUFFIX = ".tmp"
 PACK_SUFFIX = ".kvpack"
@@ -74,43 +72,31 @@ def tensor_memory(rows: torch.Tensor) -> memoryview:
     return memoryview(buffer).cast("B")
 
 
-def block_checksums(rows: torch.Tensor) -> list[int]:
-    """The checksum of each row of a contiguous CPU ``uint8`` tensor (one block per row)."""
-    count, nbytes = rows.shape
-    if nbytes % 8:
-        words = rows.to(torch.int64)
-    else:
-        words = rows.view(torch.int64)
-    width = words.shape[1]
-    chunk = _CHUNK_WORDS if width % _CHUNK_WORDS == 0 else 1
-    grid = words.view(count, width // chunk, chunk)
-    across, down = grid.sum(dim=2), grid.sum(dim=1)
-    # Each word's total weight, (2c + 1) + 2 * MIX * (2k + 1), is odd: a flip of any single bit moves the sum.
-    mixed = (across * _odd_weights(across.shape[1])).sum(dim=1) + (down * _odd_weights(chunk)).sum(dim=1) * (2 * _MIX)
-    return [int(mixed[index].item()) & 0xFFFF_FFFF_FFFF_FFFF for index in range(count)]
+def block_checksums(rows: torch.Tensor, keys: Sequence[BlockKey], fingerprint: bytes) -> list[bytes]:
+    """The checksum of each row of a contiguous CPU ``uint8`` tensor (one block per row, ``keys[i]``'s
+    bytes under the layout ``fingerprint``)."""
+    memory = tensor_memory(rows)
+    width = rows.shape[1] if rows.dim() == 2 else 0
+    return [
+        checksum(memory[index * width : (index + 1) * width], block_identity(key, fingerprint))
+        for index, key in enumerate(keys)
+    ]
 
 
-def _odd_weights(count: int) -> torch.Tensor:
-    weights = _weights.get(count)
-    if weights is None:
-        weights = _weights[count] = torch.arange(count, dtype=torch.int64) * 2 + 1
-    return weights
-
-
-def payload_checksum(payload: memoryview) -> int:
-    """:func:`block_checksums` of one payload."""
-    return block_checksums(torch.frombuffer(payload, dtype=torch.uint8).view(1, -1))[0] if len(payload) else 0
+def payload_checksum(payload: memoryview | bytes, key: BlockKey, fingerprint: bytes) -> bytes:
+    """The checksum of one record's payload."""
+    return checksum(payload, block_identity(key, fingerprint))
 
 
 @dataclass(frozen=True)
 class PackRecord:
     """One block to write: its key, the layout fingerprint its bytes were gathered under, the bytes
-    and their :func:`block_checksums`."""
+    and their :func:`payload_checksum`."""
 
     key: BlockKey
     fingerprint: bytes
     payload: memoryview
-    checksum: int
+    checksum: bytes
 
 
 @dataclass(frozen=True)
@@ -122,8 +108,8 @@ class RecordHeader:
     offset: int
     """Of the header; the payload follows it."""
     length: int
-    crc: int
-    """The payload's checksum (:func:`block_checksums`)."""
+    crc: bytes
+    """The payload's checksum (:func:`payload_checksum`)."""
 
 
 def write_pack(root: Path, records: Sequence[PackRecord]) -> tuple[str, list[RecordHeader]]:
@@ -209,7 +195,8 @@ def read_record(descriptor: int, record: RecordHeader, into: torch.Tensor) -> Re
 
 def read_records(descriptor: int, records: Sequence[RecordHeader], rows: torch.Tensor) -> list[ReadResult]:
     """Read records that lie back to back in an open pack into ``rows`` (one contiguous ``uint8`` row
-    each), in one system call, checking each."""
+    each), in as few system calls as the OS allows, checking each. Only the end of the file makes a
+    read short: a record cut off by it is damaged; one the OS merely returned in parts is not."""
     if any(record.length != rows.shape[1] for record in records):
         return [ReadResult.DAMAGED if r.length != rows.shape[1] else ReadResult.FAILED for r in records]
     memory = tensor_memory(rows)
@@ -219,23 +206,51 @@ def read_records(descriptor: int, records: Sequence[RecordHeader], rows: torch.T
     for index, header in enumerate(headers):
         buffers += (header, memory[index * width : (index + 1) * width])
     try:
-        got = os.preadv(descriptor, buffers, records[0].offset)
+        got = _read_all(descriptor, buffers, records[0].offset)
     except FileNotFoundError:
         return [ReadResult.ABSENT] * len(records)
     except OSError:
         return [ReadResult.FAILED] * len(records)
-    sums = block_checksums(rows)
     results: list[ReadResult] = []
-    for record, header, checksum in zip(records, headers, sums, strict=True):
+    for index, (record, header) in enumerate(zip(records, headers, strict=True)):
         got -= HEADER_SIZE + record.length
         if got < 0:
-            results.append(ReadResult.DAMAGED)  # the pack is shorter than its index said
+            results.append(ReadResult.DAMAGED)  # the pack ends before its index said
             continue
         magic, version, group, digest, fingerprint, length, stored = _HEADER.unpack(header)
         claimed = (magic, version, BlockKey(group, digest), fingerprint, length, stored)
         expected = (_MAGIC, _VERSION, record.key, record.fingerprint, record.length, record.crc)
-        results.append(ReadResult.OK if claimed == expected and checksum == stored else ReadResult.DAMAGED)
+        intact = claimed == expected and payload_checksum(
+            memory[index * width : (index + 1) * width], record.key, record.fingerprint
+        ) == stored
+        results.append(ReadResult.OK if intact else ReadResult.DAMAGED)
     return results
+
+
+def _read_all(descriptor: int, buffers: list[bytearray | memoryview], offset: int) -> int:
+    """``preadv`` into ``buffers`` from ``offset``, at most :data:`_READ_LIMIT` bytes a call, resuming
+    after short reads, until they are full or the file ends; the bytes read."""
+    views = [memoryview(buffer).cast("B") for buffer in buffers]
+    total = 0
+    index = 0
+    while index < len(views):
+        batch: list[memoryview] = []
+        size = 0
+        for view in views[index:]:
+            if size + len(view) > _READ_LIMIT and batch:
+                break
+            batch.append(view[: _READ_LIMIT - size])
+            size += len(batch[-1])
+        got = os.preadv(descriptor, batch, offset + total)
+        if got == 0:
+            return total  # the end of the file
+        total += got
+        while index < len(views) and got >= len(views[index]):
+            got -= len(views[index])
+            index += 1
+        if got:
+            views[index] = views[index][got:]
+    return total
 
 
 def sweep_temporary_files(root: Path) -> int:

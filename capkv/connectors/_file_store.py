@@ -297,7 +297,7 @@ class FileStoreWorker(StoreWorker):
                 job.landed.set_result(job.move.keys)
                 continue
             written.append(job)
-            sums = block_checksums(job.rows)
+            sums = block_checksums(job.rows, job.move.keys, job.fingerprint)
             records += (
                 PackRecord(key, job.fingerprint, tensor_memory(job.rows[index]), sums[index])
                 for index, key in enumerate(job.move.keys)

@@ -28,7 +28,6 @@ from capkv.connectors._block_file import (
     PackRecord,
     ReadResult,
     RecordHeader,
-    block_checksums,
     payload_checksum,
     read_record,
     scan_pack,
@@ -174,7 +173,7 @@ def test_pack_records_check_everything_in_their_header(tmp_path: Path) -> None:
     fingerprint = b"f" * 32
     payload = _rows(bytes(range(256)) * 4)
     memory = tensor_memory(payload)
-    name, (record,) = write_pack(tmp_path, [PackRecord(key, fingerprint, memory, payload_checksum(memory))])
+    name, (record,) = write_pack(tmp_path, [PackRecord(key, fingerprint, memory, payload_checksum(memory, key, fingerprint))])
     assert list(scan_pack(tmp_path / name)) == [record]
     into = torch.zeros(1024, dtype=torch.uint8)
     descriptor = os.open(tmp_path / name, os.O_RDONLY)
@@ -183,7 +182,7 @@ def test_pack_records_check_everything_in_their_header(tmp_path: Path) -> None:
         for wrong in (
             dataclasses.replace(record, fingerprint=b"g" * 32),  # another layout
             dataclasses.replace(record, key=other),  # another key at this offset
-            dataclasses.replace(record, crc=record.crc ^ 1),
+            dataclasses.replace(record, crc=bytes([record.crc[0] ^ 1]) + record.crc[1:]),
         ):
             assert read_record(descriptor, wrong, into) is ReadResult.DAMAGED
         shorter = torch.zeros(1000, dtype=torch.uint8)
@@ -198,24 +197,6 @@ def test_pack_records_check_everything_in_their_header(tmp_path: Path) -> None:
         assert read_record(descriptor, record, into) is ReadResult.DAMAGED  # the checksum catches it
     finally:
         os.close(descriptor)
-
-
-def test_the_checksum_sees_every_bit_flip_and_moved_words() -> None:
-    generator = torch.Generator().manual_seed(1)
-    block = torch.randint(0, 256, (1, 4096), dtype=torch.uint8, generator=generator)
-    (base,) = block_checksums(block)
-    for bit in range(0, 4096 * 8, 97):
-        flipped = block.clone()
-        flipped[0, bit // 8] ^= 1 << (bit % 8)
-        assert block_checksums(flipped)[0] != base
-    words = block.view(torch.int64)
-    for i, j in ((0, 1), (0, 64), (3, 200), (100, 101), (5, 69)):
-        swapped = words.clone()
-        swapped[0, i], swapped[0, j] = words[0, j].item(), words[0, i].item()
-        assert block_checksums(swapped.view(torch.uint8))[0] != base
-    assert block_checksums(torch.zeros_like(block))[0] != base
-    odd = torch.randint(0, 256, (2, 1001), dtype=torch.uint8, generator=generator)  # not whole words
-    assert len(set(block_checksums(odd))) == 2
 
 
 def test_sweep_removes_only_dead_writers_temporary_files(tmp_path: Path) -> None:

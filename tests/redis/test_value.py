@@ -6,6 +6,7 @@ import os
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,8 @@ def value(key: BlockKey = KEY, layout: bytes = LAYOUT, payload: bytes = PAYLOAD)
     return pack_header(key, layout, payload) + payload
 
 
-def test_the_header_is_64_bytes_and_a_value_reads_back() -> None:
-    assert HEADER_SIZE == 64
+def test_the_header_is_128_bytes_and_a_value_reads_back() -> None:
+    assert HEADER_SIZE == 128
     assert check_value(value(), KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.OK
 
 
@@ -33,7 +34,7 @@ def test_absent_is_absent() -> None:
     assert check_value(None, KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.ABSENT
 
 
-@pytest.mark.parametrize("offset", [0, 5, 10, 12, 20, 40, 56, 60, HEADER_SIZE, HEADER_SIZE + 1000, HEADER_SIZE + 4095])
+@pytest.mark.parametrize("offset", [0, 5, 10, 12, 20, 40, 50, 56, 60, 71, 72, 100, 127, HEADER_SIZE, HEADER_SIZE + 1000, HEADER_SIZE + 4095])
 def test_any_flipped_byte_is_a_miss_and_damage_outside_the_layout_fields(offset: int) -> None:
     damaged = bytearray(value())
     damaged[offset] ^= 0x01
@@ -65,8 +66,18 @@ def test_another_layouts_value_is_foreign_never_loaded() -> None:
 
 def test_another_format_version_is_foreign() -> None:
     newer = bytearray(value())
-    struct.pack_into("<H", newer, 8, 2)
+    struct.pack_into("<H", newer, 8, 3)
     assert check_value(bytes(newer), KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.FOREIGN
+
+
+def test_a_version_1_value_is_foreign_never_misread() -> None:
+    """What capkv wrote before XXH3: a 64-byte header with a CRC-32. Someone else's now: a miss."""
+    import zlib
+
+    old = struct.pack("<8sHHI16s16sQII", b"CAPKVRB\x00", 1, 0, KEY.group, KEY.digest, LAYOUT, len(PAYLOAD),
+                      zlib.crc32(PAYLOAD), 0) + PAYLOAD
+    assert check_value(old, KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.FOREIGN
+    assert check_value(old, KEY, LAYOUT, len(old) - HEADER_SIZE) is ValueCheck.FOREIGN
 
 
 def test_key_names_carry_namespace_layout_group_digest() -> None:
@@ -150,3 +161,41 @@ def test_wrongly_typed_options_are_refused_by_name(options: dict[str, object]) -
 
     with pytest.raises(CapkvError, match=rf"{next(iter(options))}"):
         RedisStoreConnector(make_spec([Group(16)]), **options)  # type: ignore[arg-type]
+
+
+def _two_top_bits(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    damaged[HEADER_SIZE + 3 * 8 + 7] ^= 0x80
+    damaged[HEADER_SIZE + 17 * 8 + 7] ^= 0x80
+    return bytes(damaged)
+
+
+def _one_bit(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    damaged[HEADER_SIZE + 100] ^= 0x40
+    return bytes(damaged)
+
+
+OTHER = BlockKey(1, bytes(range(16, 32)))
+CHECKSUM_AT = 56
+"""Where a header's checksum starts (the key, layout and length come before it)."""
+OTHER_PAYLOAD = bytes(reversed(PAYLOAD))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "damage"),
+    [
+        ("one-bit", _one_bit),
+        ("two-bit", _two_top_bits),
+        ("truncated", lambda data: data[: HEADER_SIZE + len(PAYLOAD) // 2]),
+        ("swapped", lambda data: value(key=OTHER, payload=OTHER_PAYLOAD)),  # another key's value under this key
+        # This key's header, another value's checksum and payload: intact bytes, the wrong block.
+        ("spliced", lambda data: data[:CHECKSUM_AT] + value(key=OTHER, payload=OTHER_PAYLOAD)[CHECKSUM_AT:]),
+        ("foreign", lambda data: value(layout=b"M" * 16)),
+    ],
+)
+def test_no_damage_pattern_reads_back(pattern: str, damage: Callable[[bytes], bytes]) -> None:
+    damaged = damage(value())
+    assert damaged != value()
+    found = check_value(damaged, KEY, LAYOUT, len(PAYLOAD))
+    assert found is (ValueCheck.FOREIGN if pattern == "foreign" else ValueCheck.DAMAGED), pattern
