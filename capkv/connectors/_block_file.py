@@ -118,7 +118,11 @@ def write_pack(root: Path, records: Sequence[PackRecord]) -> tuple[str, list[Rec
     headers: list[RecordHeader] = []
     offset = 0
     temporary = root / f".{name}.{os.getpid()}{TEMP_SUFFIX}"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileNotFoundError:  # the directory was removed: a store outlives that
+        root.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
             parts: list[bytes | memoryview] = []

@@ -28,7 +28,6 @@ import hashlib
 import os
 import queue
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -75,9 +74,6 @@ _BATCH_BYTES = 256 << 20
 _KEPT_FAILURES = 64
 """Write failures kept for ``flush`` to raise; beyond that only counted."""
 
-_OPEN_PACKS = 32
-"""Pack files a reader keeps open."""
-
 _RUN_RECORDS = 256
 """At most this many records per read call (two buffers each, under ``IOV_MAX``)."""
 
@@ -113,10 +109,10 @@ class FileIndex:
         return None
 
     def pin(self, key: BlockKey, /) -> int | None:
-        name = self._place(key)
+        fingerprints = self._fingerprints
+        name = None if fingerprints is None else self._catalog.pin_place(key, fingerprints[key.group])
         if name is None:
             return None
-        self._catalog.pin(name)
         self._pinned.setdefault(key, []).append(name)
         return 0
 
@@ -162,7 +158,8 @@ class FileStoreWorker(StoreWorker):
         self._failures: list[BaseException] = []
         self._dropped_failures = 0
         self._failures_lock = threading.Lock()
-        self._open: OrderedDict[str, int] = OrderedDict()
+        self._open: dict[str, int] = {}
+        """The packs this load opened (closed when it ends: an evicted pack holds no disk)."""
         self._thread = threading.Thread(target=self._writer, name="capkv-file-store", daemon=True)
         self._thread.start()
         self._closed = False
@@ -188,17 +185,20 @@ class FileStoreWorker(StoreWorker):
         results = [ReadResult.ABSENT] * len(move.keys)
         # Records that lie back to back in one pack (saved together) are read in one call.
         run: list[tuple[int, str, RecordHeader]] = []
-        for index, key in enumerate(move.keys):
-            found = self._catalog.find(key, fingerprint, refresh=False) or self._catalog.find(key, fingerprint)
-            if found is None:
-                continue
-            name, record = found
-            if run and (len(run) == _RUN_RECORDS or not _continues(run[-1], index, name, record)):
+        try:
+            for index, key in enumerate(move.keys):
+                found = self._catalog.find(key, fingerprint, refresh=False) or self._catalog.find(key, fingerprint)
+                if found is None:
+                    continue
+                name, record = found
+                if run and (len(run) == _RUN_RECORDS or not _continues(run[-1], index, name, record)):
+                    self._read_run(run, rows, results)
+                    run = []
+                run.append((index, name, record))
+            if run:
                 self._read_run(run, rows, results)
-                run = []
-            run.append((index, name, record))
-        if run:
-            self._read_run(run, rows, results)
+        finally:
+            self._close_all()  # an evicted pack holds no disk past this load
         good = [i for i, result in enumerate(results) if result is ReadResult.OK]
         failed = {move.block_ids[i] for i, result in enumerate(results) if result is not ReadResult.OK}
         if not good:
@@ -230,19 +230,13 @@ class FileStoreWorker(StoreWorker):
 
     def _descriptor(self, name: str) -> int:
         descriptor = self._open.get(name)
-        if descriptor is not None:
-            self._open.move_to_end(name)
-            return descriptor
-        descriptor = os.open(self._root / name, os.O_RDONLY)
-        self._open[name] = descriptor
-        while len(self._open) > _OPEN_PACKS:
-            _, oldest = self._open.popitem(last=False)
-            os.close(oldest)
+        if descriptor is None:
+            descriptor = self._open[name] = os.open(self._root / name, os.O_RDONLY)
         return descriptor
 
-    def _close(self, name: str) -> None:
-        descriptor = self._open.pop(name, None)
-        if descriptor is not None:
+    def _close_all(self) -> None:
+        opened, self._open = self._open, {}
+        for descriptor in opened.values():
             os.close(descriptor)
 
     # ---- saves -------------------------------------------------------------------------------
@@ -362,8 +356,8 @@ class FileStoreWorker(StoreWorker):
         finally:
             self._queue.put(None)
             self._thread.join(timeout=60)
-            for name in list(self._open):
-                self._close(name)
+            self._close_all()
+            self._catalog.close()
 
 
 def _continues(last: tuple[int, str, RecordHeader], index: int, name: str, record: RecordHeader) -> bool:
