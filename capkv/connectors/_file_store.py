@@ -88,6 +88,7 @@ class FileIndex:
         self._fingerprints: tuple[bytes, ...] | None = None
         self._pending: set[BlockKey] = set()
         self._pinned: dict[BlockKey, list[str]] = {}
+        self._offered: list[str] = []
 
     def set_layout(self, fingerprints: tuple[bytes, ...], /) -> None:
         self._fingerprints = fingerprints
@@ -100,10 +101,26 @@ class FileIndex:
         return None if found is None else found[0]
 
     def loadable(self, key: BlockKey, /) -> bool:
-        return self._place(key) is not None
+        """Stored, and kept (a lease on its pack) until the step's metadata is built, so what is offered
+        cannot be evicted by any process before the plan pins it."""
+        fingerprints = self._fingerprints
+        name = None if fingerprints is None else self._catalog.pin_place(key, fingerprints[key.group])
+        if name is None:
+            return False
+        self._offered.append(name)
+        return True
 
     def holds(self, key: BlockKey, /) -> bool:
-        return key in self._pending or self.loadable(key)
+        return key in self._pending or self._place(key) is not None
+
+    def lookup(self, keys: Sequence[BlockKey], /) -> None:
+        return None  # the catalog answers from memory
+
+    def forget(self) -> None:
+        """The step's metadata is built: its loads hold pins of their own; drop the offers' leases."""
+        offered, self._offered = self._offered, []
+        for name in offered:
+            self._catalog.unpin(name)
 
     def touch(self, key: BlockKey, /) -> None:
         return None
@@ -183,20 +200,10 @@ class FileStoreWorker(StoreWorker):
         rows = copier.host_rows(len(move.block_ids), copier.block_nbytes(move.group))
         fingerprint = self._fingerprints[move.group]
         results = [ReadResult.ABSENT] * len(move.keys)
-        # Records that lie back to back in one pack (saved together) are read in one call.
-        run: list[tuple[int, str, RecordHeader]] = []
+        indices = list(range(len(move.keys)))
         try:
-            for index, key in enumerate(move.keys):
-                found = self._catalog.find(key, fingerprint, refresh=False) or self._catalog.find(key, fingerprint)
-                if found is None:
-                    continue
-                name, record = found
-                if run and (len(run) == _RUN_RECORDS or not _continues(run[-1], index, name, record)):
-                    self._read_run(run, rows, results)
-                    run = []
-                run.append((index, name, record))
-            if run:
-                self._read_run(run, rows, results)
+            while indices:  # a pack gone under us (unpinned: evicted): its blocks may be stored elsewhere too
+                indices = self._read_keys(move.keys, indices, fingerprint, rows, results)
         finally:
             self._close_all()  # an evicted pack holds no disk past this load
         good = [i for i, result in enumerate(results) if result is ReadResult.OK]
@@ -207,18 +214,41 @@ class FileStoreWorker(StoreWorker):
             rows = rows[good]
         return copier.scatter(move.group, [move.block_ids[i] for i in good], rows), failed
 
-    def _read_run(self, run: list[tuple[int, str, RecordHeader]], rows: torch.Tensor, results: list[ReadResult]) -> None:
-        """Read records back to back in one pack into their rows; each one's result into ``results``."""
+    def _read_keys(
+        self, keys: Sequence[BlockKey], indices: list[int], fingerprint: bytes, rows: torch.Tensor,
+        results: list[ReadResult],
+    ) -> list[int]:
+        """Read ``keys[i]`` into ``rows[i]`` for each ``i`` in ``indices``; the indices whose pack was gone."""
+        gone: list[int] = []
+        # Records that lie back to back in one pack (saved together) are read in one call.
+        run: list[tuple[int, str, RecordHeader]] = []
+        for index in indices:
+            key = keys[index]
+            found = self._catalog.find(key, fingerprint, refresh=False) or self._catalog.find(key, fingerprint)
+            if found is None:
+                continue
+            name, record = found
+            if run and (len(run) == _RUN_RECORDS or not _continues(run[-1], index, name, record)):
+                gone += self._read_run(run, rows, results)
+                run = []
+            run.append((index, name, record))
+        if run:
+            gone += self._read_run(run, rows, results)
+        return gone
+
+    def _read_run(self, run: list[tuple[int, str, RecordHeader]], rows: torch.Tensor, results: list[ReadResult]) -> list[int]:
+        """Read records back to back in one pack into their rows; each one's result into ``results``;
+        the run's indices if the pack is gone (forgotten: a miss, unless stored elsewhere too)."""
         name = run[0][1]
         try:
             descriptor = self._descriptor(name)
         except FileNotFoundError:
-            self._catalog.forget(name)  # evicted: a miss
-            return
+            self._catalog.forget(name)
+            return [index for index, _, _ in run]
         except OSError:  # EMFILE, EACCES, EIO: these loads fail, the file stays
             for index, _, _ in run:
                 results[index] = ReadResult.FAILED
-            return
+            return []
         first = run[0][0]  # a run's rows are consecutive too: its records are the move's in order
         read = read_records(descriptor, [record for _, _, record in run], rows[first : first + len(run)])
         for (index, _, record), result in zip(run, read, strict=True):
@@ -227,6 +257,7 @@ class FileStoreWorker(StoreWorker):
                 self._catalog.bury(name, record)
         if ReadResult.OK in read:
             self._catalog.used(name)
+        return []
 
     def _descriptor(self, name: str) -> int:
         descriptor = self._open.get(name)

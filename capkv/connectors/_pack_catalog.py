@@ -240,8 +240,9 @@ class PackCatalog:
     # ---- leases ----------------------------------------------------------------------------
 
     def pin(self, name: str) -> bool:
-        """Keep pack ``name`` from every process's eviction until :meth:`unpin`; ``False`` (and the
-        pack forgotten) when it is gone, or being evicted now."""
+        """Keep pack ``name`` from every process's eviction until :meth:`unpin`; ``False`` when it is
+        gone (then forgotten), being evicted this moment, or cannot be opened now (``EMFILE`` ...)."""
+        gone = False
         with self._lock:
             lease = self._leases.get(name)
             if lease is not None:
@@ -249,27 +250,34 @@ class PackCatalog:
                 return True
             try:
                 descriptor = os.open(self.root / name, os.O_RDONLY)
+            except FileNotFoundError:
+                descriptor, gone = None, True
             except OSError:
-                gone = True
-            else:
+                descriptor = None  # no descriptor to spare: not now, and the pack stays listed
+            if descriptor is not None:
                 try:
                     fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
                     gone = os.fstat(descriptor).st_nlink == 0  # evicted between our open and our lock
+                    held = not gone
                 except OSError:  # being evicted this moment
-                    gone = True
-                if gone:
-                    os.close(descriptor)
-                else:
+                    held, gone = False, True
+                if held:
                     self._leases[name] = _Lease(descriptor, 1)
+                    return True
+                os.close(descriptor)
         if gone:
             self.forget(name)
-        return not gone
+        return False
 
     def pin_place(self, key: BlockKey, fingerprint: bytes) -> str | None:
         """Pin a pack that holds ``key`` under ``fingerprint``; its name, or ``None`` when none is left."""
-        while (found := self.find(key, fingerprint)) is not None:
-            if self.pin(found[0]):
-                return found[0]
+        if self.find(key, fingerprint) is None:  # reads the journal on a miss
+            return None
+        with self._lock:
+            names = list(self._where.get((key, fingerprint), ()))
+        for name in names:
+            if self.pin(name):
+                return name
         return None
 
     def unpin(self, name: str) -> None:
