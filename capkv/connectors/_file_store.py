@@ -74,6 +74,9 @@ _BATCH_BYTES = 256 << 20
 _KEPT_FAILURES = 64
 """Write failures kept for ``flush`` to raise; beyond that only counted."""
 
+_STAGING_BYTES = 64 << 20
+"""The most a CPU worker keeps mapped for reading loads into (a larger load gets rows of its own)."""
+
 _RUN_RECORDS = 256
 """At most this many records per read call (two buffers each, under ``IOV_MAX``)."""
 
@@ -176,6 +179,7 @@ class FileStoreWorker(StoreWorker):
         self._dropped_failures = 0
         self._failures_lock = threading.Lock()
         self._open: dict[str, int] = {}
+        self._staging = torch.empty(0, dtype=torch.uint8)
         """The packs this load opened (closed when it ends: an evicted pack holds no disk)."""
         self._thread = threading.Thread(target=self._writer, name="capkv-file-store", daemon=True)
         self._thread.start()
@@ -197,7 +201,7 @@ class FileStoreWorker(StoreWorker):
     # ---- loads -------------------------------------------------------------------------------
 
     def _load(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, set[int]]:
-        rows = copier.host_rows(len(move.block_ids), copier.block_nbytes(move.group))
+        rows = self._load_rows(copier, len(move.block_ids), copier.block_nbytes(move.group))
         fingerprint = self._fingerprints[move.group]
         results = [ReadResult.ABSENT] * len(move.keys)
         indices = list(range(len(move.keys)))
@@ -213,6 +217,16 @@ class FileStoreWorker(StoreWorker):
         if failed:
             rows = rows[good]
         return copier.scatter(move.group, [move.block_ids[i] for i in good], rows), failed
+
+    def _load_rows(self, copier: BlockCopier, count: int, nbytes: int) -> torch.Tensor:
+        """Host rows to read ``count`` blocks into. On the CPU the scatter is done when it returns, so
+        one buffer serves every load: reads land in memory already mapped, not in fresh pages to fault in."""
+        if copier.device.type != "cpu" or count * nbytes > _STAGING_BYTES:
+            return copier.host_rows(count, nbytes)
+        if self._staging.numel() < count * nbytes:
+            self._staging = torch.empty(0, dtype=torch.uint8)  # let the old one go first
+            self._staging = copier.host_rows(1, count * nbytes).view(-1)
+        return self._staging[: count * nbytes].view(count, nbytes)
 
     def _read_keys(
         self, keys: Sequence[BlockKey], indices: list[int], fingerprint: bytes, rows: torch.Tensor,

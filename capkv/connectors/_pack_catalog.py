@@ -30,7 +30,7 @@ import fcntl
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from capkv.connectors._block_file import HEADER_SIZE, PACK_SUFFIX, RecordHeader, scan_pack
@@ -49,6 +49,8 @@ class _Pack:
     size: int
     records: list[RecordHeader]
     last_used: float
+    dead: set[int] = field(default_factory=set[int])
+    """Offsets of its records found damaged (each has a tombstone file, removed with the pack)."""
 
 
 @dataclass
@@ -152,7 +154,9 @@ class PackCatalog:
             self._scan(name, dead.get(name, set()))
         return known != present
 
-    def _scan(self, name: str, dead: set[int] | None = None) -> None:
+    def _scan(self, name: str, dead: frozenset[int] | set[int] = frozenset()) -> None:
+        """List pack ``name`` from its headers, but for the records at offsets ``dead`` (a pack the
+        journal announces has none yet: its tombstones come later, as journal lines too)."""
         with self._lock:
             if name in self._packs:
                 return
@@ -161,13 +165,11 @@ class PackCatalog:
             status = os.stat(self.root / name)
         except OSError:  # gone already, or unreadable now: a later listing tries again
             return
-        if dead is None:
-            dead = {
-                int(path.name.removesuffix(DEAD_SUFFIX).rpartition(".")[2])
-                for path in self.root.glob(f"{name}.*{DEAD_SUFFIX}")
-                if path.name.removesuffix(DEAD_SUFFIX).rpartition(".")[2].isdigit()
-            }
         self._add(name, [r for r in records if r.offset not in dead], status.st_size, status.st_mtime)
+        with self._lock:
+            pack = self._packs.get(name)
+            if pack is not None:
+                pack.dead |= dead
 
     # ---- changes -----------------------------------------------------------------------
 
@@ -223,6 +225,7 @@ class PackCatalog:
                     if not places:
                         del self._where[(record.key, record.fingerprint)]
             pack.records = kept
+            pack.dead.add(offset)
 
     def used(self, name: str) -> None:
         """A load read this pack: most recently used, here and (by its mtime) for other processes."""
@@ -353,8 +356,11 @@ class PackCatalog:
                 return "pinned"
         finally:
             os.close(descriptor)
-        for tombstone in self.root.glob(f"{name}.*{DEAD_SUFFIX}"):
-            tombstone.unlink(missing_ok=True)
+        with self._lock:
+            pack = self._packs.get(name)
+            dead: set[int] = set() if pack is None else set(pack.dead)
+        for offset in dead:
+            (self.root / f"{name}.{offset}{DEAD_SUFFIX}").unlink(missing_ok=True)
         self.forget(name)
         self._journal.append(f"-{name}")
         return "removed"
