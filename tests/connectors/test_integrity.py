@@ -156,3 +156,20 @@ def test_the_checksum_changes_with_every_pattern_and_is_bound_to_the_record() ->
     assert checksum(payload, block_identity(BlockKey(1, key.digest), fingerprint)) != base
     assert checksum(payload, block_identity(BlockKey(0, b"j" * 16), fingerprint)) != base
     assert checksum(payload, block_identity(key, b"g" * 32)) != base
+
+
+def test_a_pack_of_the_previous_format_is_a_miss_never_misread(tmp_path: Path) -> None:
+    """Format 3 (a 64-bit weighted sum) is not read: its records are not offered; the pack still counts
+    toward capacity, and goes first when the store needs room."""
+    spec = make_spec(WINDOWED, num_blocks=64)
+    with FileStoreConnector(spec, root=tmp_path) as store:
+        MiniEngine(spec, store).run("first", PROMPT)
+    for pack in tmp_path.glob("*.kvpack"):
+        for record in scan_pack(pack):
+            _write(pack, record.offset + 8, struct.pack("<I", 3))
+    with FileStoreConnector(spec, root=tmp_path, capacity_bytes=sum(p.stat().st_size for p in tmp_path.glob("*.kvpack"))) as store:
+        old = set(tmp_path.glob("*.kvpack"))
+        run = MiniEngine(spec, store, seed=3).run("again", PROMPT + [1])
+        assert run.hit_tokens == 0 and run.loaded == {}
+        store.flush()  # its own copy pushed the old packs out
+        assert not old & set(tmp_path.glob("*.kvpack"))
