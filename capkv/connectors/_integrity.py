@@ -13,6 +13,11 @@ The checksum is *bound* to the record's identity (its key, the layout
 fingerprint, whatever the caller names): the identity's own 64-bit hash seeds
 the payload's hash, so a payload that arrives intact with its checksum but
 under another key's header — records spliced, moved or swapped — fails too.
+
+Used by every store whose bytes leave the process (files, Redis). The host
+pool does not checksum: its blocks never leave this process's memory, where
+ECC (not a checksum) is the defence, and a check would add a pass over every
+block to the fastest tier's saves and loads.
 """
 
 from __future__ import annotations
