@@ -29,11 +29,13 @@ from unittest import mock
 
 import torch
 
-from capkv.connectors._block_file import PackRecord, payload_checksum, tensor_memory, write_pack
-from capkv.connectors._keys import BlockKey
+from capkv.connectors._block_file import PackRecord, write_pack
 from capkv.connectors._pack_catalog import PackCatalog
+from capkv.stores._checksum import block_identity, checksum
+from capkv.stores._keys import BlockKey
+from capkv.stores._value import row_memory
 
-FINGERPRINT = b"f" * 32
+FINGERPRINT = b"f" * 16
 RECORDS, NBYTES = 4, 32 << 10
 
 
@@ -41,7 +43,7 @@ def _pack(root: Path, serial: int, payload: memoryview) -> tuple[str, list[objec
     records = []
     for index in range(RECORDS):
         key = BlockKey(0, (serial * RECORDS + index).to_bytes(16, "little"))
-        records.append(PackRecord(key, FINGERPRINT, payload, payload_checksum(payload, key, FINGERPRINT)))
+        records.append(PackRecord(key, FINGERPRINT, payload, checksum(payload, block_identity(key, FINGERPRINT))))
     with mock.patch.object(os, "fsync", lambda descriptor: None):
         name, headers = write_pack(root, records)
     return name, list(headers)
@@ -63,7 +65,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lookups", type=int, default=300)
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args(argv)
-    payload = tensor_memory(torch.randint(0, 256, (NBYTES,), dtype=torch.uint8))
+    payload = row_memory(torch.randint(0, 256, (NBYTES,), dtype=torch.uint8))
     with tempfile.TemporaryDirectory(prefix="capkv-lookup-", dir=args.dir) as directory:
         root = Path(directory)
         for serial in range(args.packs):

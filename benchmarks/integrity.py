@@ -3,7 +3,7 @@
 For block sizes the stores move — the demo model's 16-token block (2 layers a group, 4 KV heads x 64,
 bfloat16: 32 KiB per group) and a Llama-3-8B-shaped group (32 layers, 8 KV heads x 128, bfloat16)
 at 16, 32 and 128 tokens (2, 4 and 16 MiB) — it checksums ``--mib`` MiB of random blocks one block
-at a time (:func:`capkv.connectors._integrity.checksum`, as the stores call it) and copies the same
+at a time (:func:`capkv.stores._checksum.checksum`, as the stores call it) and copies the same
 blocks one at a time (``ctypes.memmove`` into a second buffer, as large: no cache holds either).
 Figures are GB/s per core, the median of ``--repeats`` rounds (the box is shared: medians, not
 bests). For comparison it also times ``zlib.crc32`` (Redis values' old check) and, when the
@@ -25,9 +25,9 @@ from collections.abc import Callable
 
 import torch
 
-from capkv.connectors._block_file import tensor_memory
-from capkv.connectors._integrity import block_identity, checksum
-from capkv.connectors._keys import BlockKey
+from capkv.stores._checksum import block_identity, checksum
+from capkv.stores._keys import BlockKey
+from capkv.stores._value import row_memory
 
 SIZES = [
     ("demo, 16 tokens", 2 * 2 * 16 * 4 * 64 * 2),
@@ -56,14 +56,14 @@ def main(argv: list[str]) -> int:
         crc32c: Callable[[memoryview], int] | None = importlib.import_module("crc32c").crc32c
     except ImportError:
         crc32c = None
-    identity = block_identity(BlockKey(0, bytes(16)), bytes(32))
+    identity = block_identity(BlockKey(0, bytes(16)), bytes(16))
     print(f"checksum throughput, one thread, GB/s per core: median of {args.repeats} rounds of {args.mib} MiB")
     print(f"  {'block':<22}{'size':>9}{'memcpy':>9}{'XXH3-128':>10}{'ratio':>7}{'crc32':>8}{'crc32c':>8}")
     for label, size in SIZES:
         count = max(1, (args.mib << 20) // size)
         source = torch.randint(0, 256, (count, size), dtype=torch.uint8)
         target = torch.empty_like(source)
-        blocks = [tensor_memory(source[i]) for i in range(count)]
+        blocks = [row_memory(source[i]) for i in range(count)]
         nbytes = count * size
         to, of = target.data_ptr(), source.data_ptr()
 

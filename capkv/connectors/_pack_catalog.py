@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from capkv.connectors._block_file import HEADER_SIZE, PACK_SUFFIX, RecordHeader, scan_pack
-from capkv.connectors._keys import BlockKey
+from capkv.stores._keys import BlockKey
 from capkv.connectors._pack_journal import PackJournal, latest_generation
 
 __all__ = ["DEAD_SUFFIX", "PackCatalog"]

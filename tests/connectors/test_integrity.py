@@ -19,8 +19,8 @@ import torch
 
 from capkv.connectors import FileStoreConnector
 from capkv.connectors._block_file import HEADER_SIZE, RecordHeader, scan_pack
-from capkv.connectors._integrity import CHECKSUM_SIZE, block_identity, checksum
-from capkv.connectors._keys import BlockKey
+from capkv.stores._checksum import CHECKSUM_SIZE, block_identity, checksum
+from capkv.stores._keys import BlockKey
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine, Run
 from tests.paged import Group, make_spec
@@ -30,7 +30,8 @@ PROMPT = tokens(30, 100)
 BLOCKS = 8
 """PROMPT's stored blocks: 6 of the full group, 2 inside the window."""
 CHECKSUM_AT = HEADER_SIZE - CHECKSUM_SIZE
-FINGERPRINT_AT = 8 + 4 + 4 + 16
+LAYOUT_AT, LAYOUT_SIZE = 4 + 2 + 2 + 4 + 4 + 16, 16
+"""Where a value header (capkv/stores/_value.py) keeps the layout fingerprint."""
 
 
 def _flip(path: Path, at: int, mask: int) -> None:
@@ -89,7 +90,7 @@ def spliced(path: Path, records: list[RecordHeader]) -> None:
 
 def foreign(path: Path, records: list[RecordHeader]) -> None:
     """Record 0 now claims another memory layout."""
-    _write(path, records[0].offset + FINGERPRINT_AT, b"\xee" * 32)
+    _write(path, records[0].offset + LAYOUT_AT, b"\xee" * LAYOUT_SIZE)
 
 
 PATTERNS: dict[str, Callable[[Path, list[RecordHeader]], None]] = {
@@ -133,7 +134,7 @@ def test_no_damage_pattern_is_ever_loaded(pattern: str, tmp_path: Path) -> None:
 def test_the_checksum_changes_with_every_pattern_and_is_bound_to_the_record() -> None:
     generator = torch.Generator().manual_seed(1)
     payload = bytearray(torch.randint(0, 256, (32 << 10,), dtype=torch.uint8, generator=generator).numpy().tobytes())
-    key, fingerprint = BlockKey(0, b"k" * 16), b"f" * 32
+    key, fingerprint = BlockKey(0, b"k" * 16), b"f" * 16
     identity = block_identity(key, fingerprint)
     base = checksum(payload, identity)
     assert len(base) == CHECKSUM_SIZE and checksum(bytes(payload), identity) == base
@@ -155,18 +156,18 @@ def test_the_checksum_changes_with_every_pattern_and_is_bound_to_the_record() ->
     # Bound: the same bytes under another key or layout do not pass.
     assert checksum(payload, block_identity(BlockKey(1, key.digest), fingerprint)) != base
     assert checksum(payload, block_identity(BlockKey(0, b"j" * 16), fingerprint)) != base
-    assert checksum(payload, block_identity(key, b"g" * 32)) != base
+    assert checksum(payload, block_identity(key, b"g" * 16)) != base
 
 
 def test_a_pack_of_the_previous_format_is_a_miss_never_misread(tmp_path: Path) -> None:
-    """Format 3 (a 64-bit weighted sum) is not read: its records are not offered; the pack still counts
-    toward capacity, and goes first when the store needs room."""
+    """Value format 1 (a 64-bit weighted sum) is not read: its records are not offered; the pack still
+    counts toward capacity, and goes first when the store needs room."""
     spec = make_spec(WINDOWED, num_blocks=64)
     with FileStoreConnector(spec, root=tmp_path) as store:
         MiniEngine(spec, store).run("first", PROMPT)
     for pack in tmp_path.glob("*.kvpack"):
         for record in scan_pack(pack):
-            _write(pack, record.offset + 8, struct.pack("<I", 3))
+            _write(pack, record.offset + 4, struct.pack("<H", 1))
     with FileStoreConnector(spec, root=tmp_path, capacity_bytes=sum(p.stat().st_size for p in tmp_path.glob("*.kvpack"))) as store:
         old = set(tmp_path.glob("*.kvpack"))
         run = MiniEngine(spec, store, seed=3).run("again", PROMPT + [1])
