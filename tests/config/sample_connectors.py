@@ -126,3 +126,15 @@ class BrokenConnector(HMA):
 
     def __init__(self) -> None:
         raise RuntimeError("cannot reach the backing service")
+
+
+class ShutdownRecorder(HMA):
+    """Records each instance shut down (class-level), for the failed-build tests."""
+
+    shut_down: list[ShutdownRecorder] = []
+
+    def __init__(self) -> None:
+        super().__init__("recorder")
+
+    def shutdown(self) -> None:
+        ShutdownRecorder.shut_down.append(self)

@@ -319,3 +319,23 @@ def test_a_stack_whose_build_fails_half_way_shuts_down_what_it_built(tmp_path: P
     with pytest.raises(ConfigError, match="cannot reach the backing service"):
         build_stack(load_stack(config), context=BuildContext(spec=spec))
     assert _open_under(tmp_path) == []
+
+
+def test_every_connector_a_failed_build_made_is_shut_down_nested_ones_too() -> None:
+    from tests.config.sample_connectors import ShutdownRecorder
+
+    recorder = "tests.config.sample_connectors:ShutdownRecorder"
+    config = {
+        "kv_connector": "MultiConnector",
+        "kv_connector_extra_config": {"connectors": [
+            {"kv_connector": recorder},
+            {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
+                {"kv_connector": recorder},
+                {"kv_connector": "tests.config.sample_connectors:BrokenConnector"},
+            ]}},
+        ]},
+    }
+    ShutdownRecorder.shut_down.clear()
+    with pytest.raises(ConfigError, match="cannot reach the backing service"):
+        build_stack(load_stack(config))
+    assert len(ShutdownRecorder.shut_down) == 2 and len(set(map(id, ShutdownRecorder.shut_down))) == 2
