@@ -39,6 +39,7 @@ __all__ = [
     "check_values",
     "pack_header",
     "row_memory",
+    "row_views",
     "seal_values",
     "unpack_header",
 ]
@@ -99,16 +100,24 @@ def row_memory(rows: torch.Tensor) -> memoryview:
     return memoryview(buffer).cast("B")
 
 
+def row_views(rows: torch.Tensor) -> list[memoryview]:
+    """Each row of a 2-D CPU ``uint8`` tensor with contiguous rows, as a memoryview (without copying;
+    keep the tensor alive). One view sliced per row: no tensor is made per row."""
+    count, width = rows.shape
+    if rows.is_contiguous():
+        whole = row_memory(rows)
+        return [whole[index * width : (index + 1) * width] for index in range(count)]
+    return [row_memory(rows[index]) for index in range(count)]
+
+
 def seal_values(rows: torch.Tensor, keys: Sequence[StoreKey]) -> list[memoryview]:
     """Write each row's header in front of its payload (``rows[i, HEADER_SIZE:]``, gathered already);
     the values, one memoryview per row, in order."""
     payload = rows.shape[1] - HEADER_SIZE
     sums = payload_checksums(rows[:, HEADER_SIZE:], [block_identity(key.block, key.layout) for key in keys])
-    values: list[memoryview] = []
-    for index, (key, checksum) in enumerate(zip(keys, sums, strict=True)):
-        row = row_memory(rows[index])
+    values = row_views(rows)
+    for row, key, checksum in zip(values, keys, sums, strict=True):
         row[:HEADER_SIZE] = pack_header(key.block, key.layout, payload, checksum)
-        values.append(row)
     return values
 
 
@@ -118,11 +127,12 @@ def check_values(rows: torch.Tensor, keys: Sequence[StoreKey], lengths: Sequence
     results: list[ValueCheck] = []
     candidates: list[int] = []
     claimed: list[bytes] = []
+    views = row_views(rows)
     for index, (key, length) in enumerate(zip(keys, lengths, strict=True)):
         if length is None:
             results.append(ValueCheck.ABSENT)
             continue
-        header = unpack_header(row_memory(rows[index, :HEADER_SIZE])) if length >= HEADER_SIZE else None
+        header = unpack_header(views[index][:HEADER_SIZE]) if length >= HEADER_SIZE else None
         if header is None:
             results.append(_unknown(rows, index, length))
         elif header.key != key.block:

@@ -36,7 +36,8 @@ from capkv.errors import ConfigError, ContractError
 from capkv.stores._backend import Backend, ReadsInto, StoreKey
 from capkv.stores._keys import BlockKey
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.stores._value import HEADER_SIZE, LAYOUT_SIZE, ValueCheck, check_values, row_memory
+from capkv.stores._rows import RowCache
+from capkv.stores._value import HEADER_SIZE, LAYOUT_SIZE, ValueCheck, check_values, row_views
 from capkv.stores._writer import DEFAULT_BATCH_BYTES, SaveJob, Writer
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
@@ -106,7 +107,9 @@ class StoreWorker:
         self._layouts: tuple[bytes, ...] = ()
         self._sizes: tuple[int, ...] = ()
         self._sending = cast("dict[str, list[capkv.transfer._handle.CopyHandle]]", {})
-        self._landing: list[tuple[BlockMove, SaveJob]] = []
+        self._landing = cast("list[tuple[BlockMove, SaveJob, torch.Tensor]]", [])
+        """Started saves, each with the buffer its rows are in (back to ``_rows`` once it landed)."""
+        self._rows = RowCache()
         self._stored: set[BlockKey] = set()
         self._failed: set[BlockKey] = set()
         self._errors: LoadErrors = {}
@@ -182,12 +185,13 @@ class StoreWorker:
         self._load_failed = set()
         if metadata.loads:
             copier = self.copier("start_load_kv")
+            buffers_taken = [self._rows.take(copier, len(move.keys), self._sizes[move.group]) for move in metadata.loads]
             moves = [
-                (move, [self.store_key(k) for k in move.keys], copier.host_rows(len(move.keys), self._sizes[move.group]))
-                for move in metadata.loads
+                (move, [self.store_key(k) for k in move.keys], buffer[: len(move.keys)])
+                for move, buffer in zip(metadata.loads, buffers_taken, strict=True)
             ]
             keys = [key for _, move_keys, _ in moves for key in move_keys]
-            buffers = [row_memory(rows[i]) for _, move_keys, rows in moves for i in range(len(move_keys))]
+            buffers = [view for _, _, rows in moves for view in row_views(rows)]
             lengths = iter(self._read(keys, buffers))
             handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
             damaged: list[StoreKey] = []
@@ -212,6 +216,9 @@ class StoreWorker:
                 self._forget_damaged(damaged)
             for handle in handles:
                 handle.stream_wait()
+            if copier.device.type == "cpu":  # the scatters are done: the rows are free (on CUDA they may still be read)
+                for buffer in buffers_taken:
+                    self._rows.give(buffer)
         self._loaded_through = metadata.step  # stream-ordered: the engine reads them after this
 
     def _read(self, keys: list[StoreKey], buffers: list[memoryview]) -> list[int | None]:
@@ -268,10 +275,11 @@ class StoreWorker:
     def _start_save(self, move: BlockMove, method: str) -> SaveJob:
         copier = self.copier(method)
         writer = self._writer_for(method)
-        rows = copier.host_rows(len(move.block_ids), self._sizes[move.group])
+        buffer = self._rows.take(copier, len(move.block_ids), self._sizes[move.group])
+        rows = buffer[: len(move.block_ids)]
         copied = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:])
         job = SaveJob([self.store_key(key) for key in move.keys], rows, copied)
-        self._landing.append((move, job))
+        self._landing.append((move, job, buffer))
         writer.submit(job)
         self._counts["saved_blocks"] += len(move.block_ids)
         self._counts["saved_bytes"] += len(move.block_ids) * (self._sizes[move.group] - HEADER_SIZE)
@@ -301,12 +309,13 @@ class StoreWorker:
 
     def _settle(self, *, wait: bool) -> None:
         """Move the saves that are over (every save, waiting, when ``wait``) into the next report."""
-        landing: list[tuple[BlockMove, SaveJob]] = []
-        for move, job in self._landing:
+        landing = cast("list[tuple[BlockMove, SaveJob, torch.Tensor]]", [])
+        for move, job, buffer in self._landing:
             if not (wait or job.landing.done()):
-                landing.append((move, job))
+                landing.append((move, job, buffer))
                 continue
             failed = set(job.landing.result())
+            self._rows.give(buffer)  # written (or failed): nothing reads it any more
             self._failed |= failed
             self._stored.update(key for key in move.keys if key not in failed)
             self._counts["failed_save_blocks"] += len(failed)
@@ -349,6 +358,7 @@ class StoreWorker:
             if self._writer is not None:
                 self._writer.close()
             self._settle(wait=True)
+            self._rows.clear()
         finally:
             try:
                 self._backend.close()
