@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from capkv._homes import publish
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode
 from capkv.config._options import ConnectorOptions, declared_options
 from capkv.contracts._spec import KVSpec
@@ -120,3 +121,6 @@ def build_stack(
         lambda: node.cls(*children), f'{node.position + ": " if node.position else ""}cannot build "{node.name}"',
         node.position or node.name, None,
     )
+
+
+publish(__name__)

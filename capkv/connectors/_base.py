@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from typing_extensions import Self
 
+from capkv._homes import publish
 from capkv.connectors._keys import PrefixHasher
 from capkv.connectors._metadata import SaveReport, StoreMetadata
 from capkv.connectors._scheduler import StoreIndex, StoreScheduler
@@ -206,3 +207,6 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+
+publish(__name__)

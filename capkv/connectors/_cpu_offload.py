@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import torch
 
+from capkv._homes import publish
 from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._host_pool import HostPoolIndex
@@ -107,3 +108,6 @@ class CPUOffloadConnector(HostPoolConnector):
     ) -> tuple[bool, KVTransferParams | None]:
         """Save the request's computed full blocks of every group; hold them until the copy completes."""
         return self._finish(request, block_ids, "request_finished_all_groups")
+
+
+publish(__name__)

@@ -37,6 +37,7 @@ from typing import ClassVar
 
 import torch
 
+from capkv._homes import publish
 from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._block_file import (
@@ -443,3 +444,6 @@ class FileStoreConnector(PrefixStoreConnector):
     def flush(self) -> None:
         """Wait until every started save is on disk; raise the write failures not raised yet, each once."""
         self._files.flush()
+
+
+publish(__name__)

@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 import torch
 
+from capkv._homes import publish
 from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._redis_client import RedisKV
 from capkv.connectors._redis_value import FINGERPRINT_SIZE, HEADER_SIZE, ValueCheck, check_value, pack_header
@@ -419,3 +420,6 @@ class RedisStoreConnector(PrefixStoreConnector):
             super().shutdown()
         finally:
             self.kv.close()
+
+
+publish(__name__)

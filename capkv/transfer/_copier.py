@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from capkv._homes import publish
 from capkv.contracts._spec import KVSpec
 from capkv.contracts._block_ids import check_pool_ids
 from capkv.errors import ConfigError, ContractError
@@ -147,3 +148,6 @@ class BlockCopier:
 
 def _is_index(value: object, size: int) -> bool:
     return type(value) is int and 0 <= value < size
+
+
+publish(__name__)

@@ -12,6 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from capkv._homes import publish
+
 __all__ = ["FINISHED", "AllCopies", "CopyHandle", "CudaEventCopy", "FinishedCopy", "all_of"]
 
 
@@ -110,3 +112,6 @@ def all_of(handles: list[CopyHandle]) -> CopyHandle:
     if len(handles) == 1:
         return handles[0]
     return AllCopies(tuple(handles))
+
+
+publish(__name__)

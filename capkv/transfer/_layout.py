@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from capkv._homes import publish
 from capkv.contracts._arguments import require_instance
 from capkv.contracts._kv_tensors import check_kv_cache_types
 from capkv.contracts._spec import KVSpec
@@ -191,3 +192,6 @@ def _same_device(said: torch.device, actual: torch.device) -> bool:
     if said.type != actual.type:
         return False
     return ":" not in str(said) or ":" not in str(actual) or str(said) == str(actual)
+
+
+publish(__name__)
