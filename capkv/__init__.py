@@ -159,7 +159,10 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
                 "SubConnectorError",
             ],
         },
-        submodules=["cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "testing", "transfer"],
+        submodules=[
+            "cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "stores", "testing",
+            "transfer",
+        ],
     )
 
 del TYPE_CHECKING, attach, before_loading, _types_checked_in_dev_mode  # dir(), vars(): the front's names only

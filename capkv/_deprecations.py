@@ -127,55 +127,33 @@ DEPRECATED: Final[dict[str, dict[str, str]]] = {
         "register_connector": "capkv.config",
         "resolve_connector": "capkv.config._registry",
     },
-    "capkv.connectors": {
-        "BlockMove": "capkv.connectors._metadata",
-        "HostPoolConnector": "capkv.connectors._cpu_offload",
-    },
-    "capkv.connectors.base": {
-        "PrefixStoreConnector": "capkv.connectors",
-        "require_store_spec": "capkv.connectors._base",
-    },
+    "capkv.connectors": {"BlockMove": "capkv.stores._metadata", "HostPoolConnector": "capkv.connectors._cpu_offload"},
+    "capkv.connectors.base": {"PrefixStoreConnector": "capkv.connectors", "require_store_spec": "capkv.stores._base"},
     "capkv.connectors.block_file": {
-        "HEADER_SIZE": "capkv.connectors._block_file",
-        "ReadResult": "capkv.connectors._block_file",
         "TEMP_SUFFIX": "capkv.connectors._block_file",
         "sweep_temporary_files": "capkv.connectors._block_file",
-        "tensor_memory": "capkv.connectors._block_file",
     },
     "capkv.connectors.cpu_offload": {
         "CPUOffloadConnector": "capkv.connectors",
         "HostPoolConnector": "capkv.connectors._cpu_offload",
-        "HostPoolWorker": "capkv.connectors._cpu_offload",
     },
-    "capkv.connectors.file_store": {
-        "FileIndex": "capkv.connectors._file_store",
-        "FileStoreConnector": "capkv.connectors",
-        "FileStoreWorker": "capkv.connectors._file_store",
-    },
+    "capkv.connectors.file_store": {"FileStoreConnector": "capkv.connectors"},
     "capkv.connectors.hits": {"GroupGeometry": "capkv.connectors", "longest_hit": "capkv.connectors"},
     "capkv.connectors.host_pool": {"HostPoolIndex": "capkv.connectors._host_pool"},
     "capkv.connectors.keys": {
         "BlockKey": "capkv.connectors",
-        "DIGEST_SIZE": "capkv.connectors._keys",
+        "DIGEST_SIZE": "capkv.stores._keys",
         "PrefixHasher": "capkv.connectors",
-        "RequestKeys": "capkv.connectors._keys",
+        "RequestKeys": "capkv.stores._keys",
     },
     "capkv.connectors.metadata": {
-        "BlockMove": "capkv.connectors._metadata",
+        "BlockMove": "capkv.stores._metadata",
         "SaveReport": "capkv.connectors",
         "StoreMetadata": "capkv.connectors",
     },
-    "capkv.connectors.scheduler": {
-        "StoreIndex": "capkv.connectors._scheduler",
-        "StoreScheduler": "capkv.connectors._scheduler",
-    },
+    "capkv.connectors.scheduler": {"StoreIndex": "capkv.stores._scheduler", "StoreScheduler": "capkv.stores._scheduler"},
     "capkv.connectors.single_group": {"SingleGroupOffloadConnector": "capkv.connectors"},
-    "capkv.connectors.worker": {
-        "Landing": "capkv.connectors._worker",
-        "StoreWorker": "capkv.connectors._worker",
-        "StoredWhenCopied": "capkv.connectors._worker",
-        "consecutive_runs": "capkv.connectors._worker",
-    },
+    "capkv.connectors.worker": {"StoreWorker": "capkv.stores._worker"},
     "capkv.contracts": {
         "AttentionMetadata": "capkv",
         "BlockIds": "capkv",
@@ -383,7 +361,7 @@ HINTS: Final[dict[str, str]] = {
         "build one with capkv.testing.forward_context; connectors see it as capkv.ForwardContext"
     ),
     "capkv.connectors._cpu_offload.HostPoolConnector": (
-        "a store of your own derives from capkv.connectors.PrefixStoreConnector"
+        "a store of your own is a capkv.stores.Backend under capkv.stores.StoreConnector"
     ),
     **dict.fromkeys(
         [
@@ -403,6 +381,8 @@ HINTS: Final[dict[str, str]] = {
 
 _WHY = {
     "pack": "the file store keeps blocks in pack files now (capkv.connectors.FileStoreConnector)",
+    "stores": "capkv's stores are backends under one store layer now: a store of your own is a "
+    "capkv.stores.Backend under capkv.stores.StoreConnector",
     "completion": "MultiConnector tracks completions per child now (stack.dropped_reports counts what it drops)",
     "stack": "a --stack text is a kv_transfer_config now: capkv.config.load_stack reads one, "
     "capkv.config.build_stack builds it",
@@ -411,8 +391,17 @@ _WHY = {
 REMOVED: Final[dict[str, dict[str, str]]] = {
     "capkv.cli.stack_spec": {"StackTree": "stack", "build_stack": "stack", "render_stack": "stack"},
     "capkv.composite.completion": {"ReceiveFromLoader": "completion", "SendCountdown": "completion"},
-    "capkv.connectors.block_file": {"block_path": "pack", "read_block_file": "pack", "write_block_file": "pack"},
-    "capkv.connectors.file_store": {"BlockWriter": "pack"},
+    "capkv.connectors.block_file": {
+        "HEADER_SIZE": "pack",
+        "ReadResult": "pack",
+        "block_path": "pack",
+        "read_block_file": "pack",
+        "tensor_memory": "stores",
+        "write_block_file": "pack",
+    },
+    "capkv.connectors.cpu_offload": {"HostPoolWorker": "stores"},
+    "capkv.connectors.file_store": {"BlockWriter": "pack", "FileIndex": "stores", "FileStoreWorker": "stores"},
+    "capkv.connectors.worker": {"Landing": "stores", "StoredWhenCopied": "stores", "consecutive_runs": "stores"},
 }
 """Names of capkv 0.1.0 modules whose implementation 0.2.0 replaced: reading one raises ``ImportError`` saying why."""
 

@@ -1,6 +1,6 @@
 """capkv 0.1.0's ``capkv.cli.bench``, deprecated: kept until capkv 0.3.0.
 
-its names are internal to capkv now. Reading a name here warns with its new home (the table:
+Its names are internal to capkv now. Reading a name here warns with its new home (the table:
 :mod:`capkv._deprecations`).
 """
 

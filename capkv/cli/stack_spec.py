@@ -1,6 +1,6 @@
 """capkv 0.1.0's ``capkv.cli.stack_spec``, deprecated: kept until capkv 0.3.0.
 
-its names are internal to capkv now. ``StackTree``, ``build_stack``, ``render_stack`` are gone (an
+Its names are internal to capkv now. ``StackTree``, ``build_stack``, ``render_stack`` are gone (an
 ``ImportError`` says why). Reading a name here warns with its new home (the table:
 :mod:`capkv._deprecations`).
 """

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from typing_extensions import deprecated
 
     from capkv._deprecations import signature_of
-    from capkv.connectors import _base
-    from capkv.connectors._base import PrefixStoreConnector as PrefixStoreConnector
+    from capkv.stores import _base
+    from capkv.stores._base import PrefixStoreConnector as PrefixStoreConnector
 
     @deprecated("capkv.connectors.base.require_store_spec is deprecated (capkv 0.2.0, removed in 0.3.0): it is internal, with no public replacement")
     @signature_of(_base.require_store_spec)

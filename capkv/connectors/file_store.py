@@ -1,8 +1,8 @@
 """capkv 0.1.0's ``capkv.connectors.file_store``, deprecated: kept until capkv 0.3.0.
 
-Its public names are imported from :mod:`capkv.connectors` now; its other names are internal.
-``BlockWriter`` is gone (an ``ImportError`` says why). Reading a name here warns with its new home
-(the table: :mod:`capkv._deprecations`).
+Its public names are imported from :mod:`capkv.connectors` now. ``BlockWriter``, ``FileIndex``,
+``FileStoreWorker`` are gone (an ``ImportError`` says why). Reading a name here warns with its new
+home (the table: :mod:`capkv._deprecations`).
 """
 
 from typing import TYPE_CHECKING
@@ -10,9 +10,7 @@ from typing import TYPE_CHECKING
 from capkv._lazy import deprecated_module
 
 if TYPE_CHECKING:
-    from capkv.connectors._file_store import FileIndex as FileIndex
     from capkv.connectors._file_store import FileStoreConnector as FileStoreConnector
-    from capkv.connectors._file_store import FileStoreWorker as FileStoreWorker
 
 __all__: list[str] = []
 

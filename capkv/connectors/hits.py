@@ -1,6 +1,6 @@
 """capkv 0.1.0's ``capkv.connectors.hits``, deprecated: kept until capkv 0.3.0.
 
-Its public names are imported from :mod:`capkv.connectors` now; Reading a name here warns with its
+Its public names are imported from :mod:`capkv.connectors` now. Reading a name here warns with its
 new home (the table: :mod:`capkv._deprecations`).
 """
 
@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from typing_extensions import deprecated
 
     from capkv._deprecations import signature_of
-    from capkv.connectors import _hits
-    from capkv.connectors._hits import GroupGeometry as GroupGeometry
+    from capkv.stores import _hits
+    from capkv.stores._hits import GroupGeometry as GroupGeometry
 
     @deprecated("capkv.connectors.hits.longest_hit is deprecated (capkv 0.2.0, removed in 0.3.0): use capkv.connectors.longest_hit")
     @signature_of(_hits.longest_hit)

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from capkv._lazy import deprecated_module
 
 if TYPE_CHECKING:
-    from capkv.connectors._keys import BlockKey as BlockKey
-    from capkv.connectors._keys import DIGEST_SIZE as DIGEST_SIZE
-    from capkv.connectors._keys import PrefixHasher as PrefixHasher
-    from capkv.connectors._keys import RequestKeys as RequestKeys
+    from capkv.stores._keys import BlockKey as BlockKey
+    from capkv.stores._keys import DIGEST_SIZE as DIGEST_SIZE
+    from capkv.stores._keys import PrefixHasher as PrefixHasher
+    from capkv.stores._keys import RequestKeys as RequestKeys
 
 __all__: list[str] = []
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from capkv._lazy import deprecated_module
 
 if TYPE_CHECKING:
-    from capkv.connectors._metadata import BlockMove as BlockMove
-    from capkv.connectors._metadata import SaveReport as SaveReport
-    from capkv.connectors._metadata import StoreMetadata as StoreMetadata
+    from capkv.stores._metadata import BlockMove as BlockMove
+    from capkv.stores._metadata import SaveReport as SaveReport
+    from capkv.stores._metadata import StoreMetadata as StoreMetadata
 
 __all__: list[str] = []
 

@@ -1,6 +1,6 @@
 """capkv 0.1.0's ``capkv.connectors.scheduler``, deprecated: kept until capkv 0.3.0.
 
-its names are internal to capkv now. Reading a name here warns with its new home (the table:
+Its names are internal to capkv now. Reading a name here warns with its new home (the table:
 :mod:`capkv._deprecations`).
 """
 
@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from capkv._lazy import deprecated_module
 
 if TYPE_CHECKING:
-    from capkv.connectors._scheduler import StoreIndex as StoreIndex
-    from capkv.connectors._scheduler import StoreScheduler as StoreScheduler
+    from capkv.stores._scheduler import StoreIndex as StoreIndex
+    from capkv.stores._scheduler import StoreScheduler as StoreScheduler
 
 __all__: list[str] = []
 

@@ -1,6 +1,7 @@
 """capkv 0.1.0's ``capkv.connectors.worker``, deprecated: kept until capkv 0.3.0.
 
-its names are internal to capkv now. Reading a name here warns with its new home (the table:
+Its names are internal to capkv now. ``Landing``, ``StoredWhenCopied``, ``consecutive_runs`` are
+gone (an ``ImportError`` says why). Reading a name here warns with its new home (the table:
 :mod:`capkv._deprecations`).
 """
 
@@ -9,17 +10,7 @@ from typing import TYPE_CHECKING
 from capkv._lazy import deprecated_module
 
 if TYPE_CHECKING:
-    from typing_extensions import deprecated
-
-    from capkv._deprecations import signature_of
-    from capkv.connectors import _worker
-    from capkv.connectors._worker import Landing as Landing
-    from capkv.connectors._worker import StoreWorker as StoreWorker
-    from capkv.connectors._worker import StoredWhenCopied as StoredWhenCopied
-
-    @deprecated("capkv.connectors.worker.consecutive_runs is deprecated (capkv 0.2.0, removed in 0.3.0): it is internal, with no public replacement")
-    @signature_of(_worker.consecutive_runs)
-    def consecutive_runs() -> None: ...
+    from capkv.stores._worker import StoreWorker as StoreWorker
 
 __all__: list[str] = []
 

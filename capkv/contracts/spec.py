@@ -1,6 +1,6 @@
 """capkv 0.1.0's ``capkv.contracts.spec``, deprecated: kept until capkv 0.3.0.
 
-Its public names are imported from :mod:`capkv` now; Reading a name here warns with its new home
+Its public names are imported from :mod:`capkv` now. Reading a name here warns with its new home
 (the table: :mod:`capkv._deprecations`).
 """
 

@@ -105,4 +105,4 @@ def _without(shape: tuple[int, ...] | None, dim: int) -> tuple[int, ...] | None:
     return None if shape is None else shape[:dim] + shape[dim + 1 :]
 
 
-publish(__name__)
+publish(__name__, "capkv.connectors")

@@ -65,4 +65,4 @@ def longest_hit(
     return start
 
 
-publish(__name__)
+publish(__name__, "capkv.connectors")
