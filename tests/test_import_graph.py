@@ -18,7 +18,7 @@ import capkv
 PACKAGE = Path(capkv.__file__).resolve().parent
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundation", {"capkv._version", "capkv._homes", "capkv._deprecations", "capkv._lazy", "capkv.errors"}),
+    ("foundation", {"capkv._version", "capkv._homes", "capkv._deprecations", "capkv._lazy", "capkv._torch", "capkv.errors"}),
     ("contracts", {"capkv.contracts"}),
     ("capabilities", {"capkv.capabilities"}),
     ("composite, devmode, config", {"capkv.composite", "capkv.devmode", "capkv.config"}),
@@ -73,7 +73,9 @@ GRAPH = {module: imports(module) for module in MODULES}
 
 
 def area(module: str) -> str:
-    candidates = [a for _, areas in LAYERS for a in areas if module == a or module.startswith(f"{a}.")]
+    candidates = [  # the root package covers only itself: a module at capkv's root names its layer explicitly
+        a for _, areas in LAYERS for a in areas if module == a or (a != "capkv" and module.startswith(f"{a}."))
+    ]
     if not candidates:
         raise AssertionError(f"{module} is in no layer: add its package or module to LAYERS")
     return max(candidates, key=len)

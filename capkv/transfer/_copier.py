@@ -17,8 +17,7 @@ it as it is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from capkv._homes import publish
 from capkv.contracts._spec import KVSpec
@@ -29,6 +28,11 @@ from capkv.transfer._cuda import DEFAULT_STAGING_BYTES, CudaCopies
 from capkv.transfer._handle import FINISHED, CopyHandle
 from capkv.transfer._layout import GroupRuns, KVLayout
 from capkv.transfer._runs import storage_words, widest_word
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
 __all__ = ["BlockCopier"]
 

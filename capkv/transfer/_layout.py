@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from capkv._homes import publish
 from capkv.contracts._arguments import require_instance
@@ -20,6 +19,11 @@ from capkv.contracts._kv_tensors import check_kv_cache_types
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.transfer._runs import LayerRuns, layer_runs, widest_word
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
 __all__ = ["GroupRuns", "KVLayout", "spec_block_nbytes"]
 
