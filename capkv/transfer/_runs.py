@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING
 
 from capkv.errors import ConfigError
@@ -41,14 +41,19 @@ def word_dtype(word: int) -> torch.dtype:
     return dtype
 
 
+@cache
+def _word_dtypes() -> dict[int, torch.dtype]:
+    return {word: word_dtype(word) for word in WORD_SIZES}
+
+
 if TYPE_CHECKING:
     WORD_DTYPES: dict[int, torch.dtype]
     """capkv 0.1.0's word size -> dtype table (``capkv.transfer.runs.WORD_DTYPES``, deprecated)."""
 else:
 
     def __getattr__(name: str) -> object:
-        if name == "WORD_DTYPES":  # built when read, since it needs torch
-            return {word: word_dtype(word) for word in WORD_SIZES}
+        if name == "WORD_DTYPES":  # built when first read, since it needs torch
+            return _word_dtypes()
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
