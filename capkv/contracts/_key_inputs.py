@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
 
+from capkv._homes import publish
 from capkv.contracts._arguments import argument_error, require_int
 from capkv.contracts._engine import TokenRequest
 from capkv.contracts._violation import contract_error
@@ -129,3 +130,6 @@ def _tuple(value: object, owner: str, name: str, expected: str) -> tuple[object,
     if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
         raise argument_error(owner, name, value, expected)
     return tuple(cast("Sequence[object]", value))
+
+
+publish(__name__)

@@ -39,6 +39,7 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from capkv._homes import publish
 from capkv.contracts._key_inputs import KeyInputs
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ContractError
@@ -160,3 +161,6 @@ class RequestKeys:
 
 def _without(shape: tuple[int, ...] | None, dim: int) -> tuple[int, ...] | None:
     return None if shape is None else shape[:dim] + shape[dim + 1 :]
+
+
+publish(__name__, "capkv.connectors")

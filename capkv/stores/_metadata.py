@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from capkv._homes import publish
 from capkv.stores._keys import BlockKey
 from capkv.errors import MetadataError
 
@@ -108,3 +109,6 @@ class SaveReport:
             for shard, (stored, failed, layout) in sorted(merged.items())
         )
         return dataclasses.replace(first, loaded_through=loaded, more=tuple(rest))
+
+
+publish(__name__, "capkv.connectors")
