@@ -1,11 +1,11 @@
 """The worker side of a store: run the metadata's loads and saves against a backend.
 
-Loads run first, in ``start_load_kv``: every block the step loads is read from
-the backend in one batch (straight into host rows when the backend can, see
-:class:`~capkv.stores._backend.ReadsInto`), checked (:func:`check_values`: the
-value must be this key's, of this layout and shard, whole, with a matching
-checksum) and scattered into the engine's blocks; the engine's stream is
-ordered after them before any layer computes. A damaged value is deleted from
+Loads run first, in ``start_load_kv``: the blocks the step loads are read from
+the backend chunk by chunk into reused host rows (straight into them when the
+backend can, see :class:`~capkv.stores._backend.ReadsInto`), checked while hot
+(the value must be this key's, of this layout and shard, whole, with a matching
+checksum) and scattered into the engine's blocks (:mod:`capkv.stores._loading`);
+the engine's stream is ordered after them before any layer computes. A damaged value is deleted from
 the backend (nobody can use it) and, like a missing one, is a load error of its
 group; a value of another layout or format is left alone.
 
@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
 from capkv.contracts._engine import LoadErrors
 from capkv.contracts._spec import KVSpec
-from capkv.errors import ConfigError, ContractError
-from capkv.stores._backend import Backend, ReadsInto, StoreKey
+from capkv.errors import ConfigError
+from capkv.stores._backend import Backend, StoreKey
 from capkv.stores._keys import BlockKey
+from capkv.stores._loading import load_chunks, plan_chunks
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.stores._value import HEADER_SIZE, LAYOUT_SIZE, ValueCheck, check_values, row_memory
+from capkv.stores._staging import StagingRing
+from capkv.stores._value import HEADER_SIZE, LAYOUT_SIZE
 from capkv.stores._writer import DEFAULT_BATCH_BYTES, SaveJob, Writer
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
@@ -97,6 +99,8 @@ class StoreWorker:
         self._background = background
         self._batch_bytes = batch_bytes
         self._copier = cast("capkv.transfer._copier.BlockCopier | None", None)
+        self._ring: StagingRing | None = None
+        """The host rows loads go through (made on the first load, reused)."""
         self._writer: Writer | None = None
         self._layouts: tuple[bytes, ...] = ()
         self._sizes: tuple[int, ...] = ()
@@ -128,6 +132,9 @@ class StoreWorker:
         layouts = layout_fingerprints(self._spec, copier)
         self._sizes = tuple(HEADER_SIZE + copier.block_nbytes(g) for g in range(self._spec.num_groups))
         self._copier, self._layouts = copier, layouts
+        if self._ring is not None:  # rows for the previous KV cache's device
+            self._ring.clear()
+            self._ring = None
         self._layout_news = layouts
         if self._writer is None:
             background = copier.device.type == "cuda" if self._background is None else self._background
@@ -171,68 +178,38 @@ class StoreWorker:
     # ---- loads -------------------------------------------------------------------------------
 
     def load(self, metadata: StoreMetadata) -> None:
-        """Run the step's loads in one batch and order the engine's stream after them."""
+        """Run the step's loads, chunk by chunk (:mod:`capkv.stores._loading`), and order the engine's
+        stream after them."""
         for group, block_id in metadata.unavailable:
             self._errors.setdefault(group, set()).add(block_id)
         self._load_failed = set()
         if metadata.loads:
             copier = self.copier("start_load_kv")
-            moves = [
-                (move, [self.store_key(k) for k in move.keys], copier.host_rows(len(move.keys), self._sizes[move.group]))
-                for move in metadata.loads
-            ]
-            keys = [key for _, move_keys, _ in moves for key in move_keys]
-            buffers = [row_memory(rows[i]) for _, move_keys, rows in moves for i in range(len(move_keys))]
-            lengths = iter(self._read(keys, buffers))
-            handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
-            damaged: list[StoreKey] = []
-            for move, move_keys, rows in moves:
-                results = check_values(rows, move_keys, [next(lengths) for _ in move_keys])
-                good = [i for i, result in enumerate(results) if result is ValueCheck.OK]
-                failed = {move.block_ids[i] for i, result in enumerate(results) if result is not ValueCheck.OK}
-                damaged += (move_keys[i] for i, result in enumerate(results) if result is ValueCheck.DAMAGED)
-                self.damaged_values += results.count(ValueCheck.DAMAGED)
-                self.foreign_values += results.count(ValueCheck.FOREIGN)
-                if good:
-                    payloads = (rows if len(good) == len(results) else rows[good])[:, HEADER_SIZE:]
-                    handles.append(copier.scatter(move.group, [move.block_ids[i] for i in good], payloads))
-                if failed:
-                    self._errors.setdefault(move.group, set()).update(failed)
-                    self._load_failed.add(move.request_id)
-                nbytes = self._sizes[move.group] - HEADER_SIZE
-                self._counts["loaded_blocks"] += len(good)
-                self._counts["loaded_bytes"] += len(good) * nbytes
-                self._counts["failed_blocks"] += len(failed)
-            if damaged:
-                self._forget_damaged(damaged)
-            for handle in handles:
+            ring = self._staging_ring(copier)
+            chunks = plan_chunks(metadata.loads, self.store_key, self._sizes, ring)
+            outcome = load_chunks(chunks, self._backend, copier, ring, owner=self._owner)
+            for group, failed in outcome.errors.items():
+                self._errors.setdefault(group, set()).update(failed)
+            self._load_failed = outcome.failed_requests
+            if outcome.read_failure is not None:
+                self._read_failures.append(outcome.read_failure)
+            self.damaged_values += len(outcome.damaged)
+            self.foreign_values += outcome.foreign
+            self._counts["loaded_blocks"] += outcome.loaded
+            self._counts["loaded_bytes"] += outcome.loaded_bytes
+            self._counts["failed_blocks"] += sum(len(failed) for failed in outcome.errors.values())
+            if outcome.damaged:
+                self._forget_damaged(outcome.damaged)
+            for handle in outcome.handles:
                 handle.stream_wait()
         self._loaded_through = metadata.step  # stream-ordered: the engine reads them after this
 
-    def _read(self, keys: list[StoreKey], buffers: list[memoryview]) -> list[int | None]:
-        """Per key, how many bytes of its value are in its buffer (``None``: a miss); a backend that
-        raises fails the whole read (its error is raised by ``flush``)."""
-        try:
-            if isinstance(self._backend, ReadsInto):
-                lengths = list(self._backend.get_into(keys, buffers))
-                _check_answers(self._owner, "get_into", lengths, keys)
-                return [length if type(length) is int else None for length in lengths]
-            values = list(self._backend.get(keys))
-            _check_answers(self._owner, "get", values, keys)
-            read: list[int | None] = []
-            for value, buffer in zip(values, buffers, strict=True):
-                if value is None:
-                    read.append(None)
-                    continue
-                data = memoryview(value).cast("B")
-                count = min(len(data), len(buffer))
-                buffer[:count] = data[:count]
-                read.append(len(data))
-            return read
-        except Exception as error:  # noqa: BLE001 (a backend fault is this step's load error, not the engine's end)
-            error.__traceback__ = None
-            self._read_failures.append(error)
-            return [None] * len(keys)
+    def _staging_ring(self, copier: capkv.transfer._copier.BlockCopier) -> StagingRing:
+        """The host rows loads go through, made with the KV cache's copier (pinned on CUDA) and reused."""
+        ring = self._ring
+        if ring is None:
+            ring = self._ring = StagingRing(lambda nbytes: copier.host_rows(1, nbytes)[0])
+        return ring
 
     def _forget_damaged(self, keys: list[StoreKey]) -> None:
         try:
@@ -341,16 +318,10 @@ class StoreWorker:
             if self._writer is not None:
                 self._writer.close()
             self._settle(wait=True)
+            if self._ring is not None:
+                self._ring.clear()
         finally:
             try:
                 self._backend.close()
             finally:
                 self._raise_failures()
-
-
-def _check_answers(owner: str, method: str, answers: Sequence[object], keys: Sequence[StoreKey]) -> None:
-    if len(answers) != len(keys):
-        raise ContractError(
-            f"{owner}: the backend's {method} answered {len(answers)} results for {len(keys)} keys",
-            connector=owner, method=method, value=len(answers),
-        )

@@ -1,0 +1,87 @@
+"""Host rows a store reuses step after step, so a load neither allocates nor page-faults.
+
+A load moves its values through a few *slots* of host memory (pinned when the
+KV cache is on CUDA), one chunk of about :data:`DEFAULT_CHUNK_BYTES` at a time:
+read into a slot, checked while the bytes are still in the CPU's cache,
+scattered into the KV cache. Reading the next chunk into the next slot waits
+only for the copy that last read *that* slot — on CPU none (a scatter is done
+when it returns), on CUDA the copy two chunks back — so host memory stays a few
+chunks, whatever a step loads, and fresh memory (zeroed by the kernel page by
+page, pinned by the driver) is taken once, not per load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+from capkv.stores._value import row_memory
+
+if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
+    import torch
+
+    import capkv.transfer._handle
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "StagingRing"]
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+"""Bytes per chunk: well inside a core's L2 cache, large enough that a chunk's fixed costs (one
+backend read, one scatter call) are a few percent of moving its bytes (``python -m benchmarks.file_store``)."""
+
+
+class _Slot:
+    __slots__ = ("busy", "memory", "rows")
+
+    def __init__(self) -> None:
+        self.rows = cast("torch.Tensor | None", None)
+        self.memory = memoryview(b"")
+        self.busy = cast("capkv.transfer._handle.CopyHandle | None", None)
+
+
+class StagingRing:
+    """``slots`` reusable host buffers of at least ``chunk_nbytes`` each, taken in turn.
+
+    ``allocate(nbytes)`` makes one buffer (a 1-D ``uint8`` CPU tensor); a slot
+    grows (once) when a single value does not fit in a chunk.
+    """
+
+    __slots__ = ("_allocate", "_next", "_slots", "chunk_nbytes")
+
+    def __init__(
+        self, allocate: Callable[[int], torch.Tensor], *, slots: int = 2, chunk_nbytes: int = DEFAULT_CHUNK_BYTES
+    ) -> None:
+        self._allocate = allocate
+        self.chunk_nbytes = chunk_nbytes
+        self._slots = [_Slot() for _ in range(max(1, slots))]
+        self._next = 0
+
+    def rows_per_chunk(self, row_nbytes: int) -> int:
+        """How many rows of ``row_nbytes`` one chunk holds (at least one)."""
+        return max(1, self.chunk_nbytes // row_nbytes)
+
+    def take(self, count: int, row_nbytes: int) -> tuple[torch.Tensor, memoryview]:
+        """The next slot as ``count`` rows of ``row_nbytes`` (a ``(count, row_nbytes)`` view) and the
+        memoryview of its bytes, once the copy that last read it has completed. Mark the copy that
+        reads it now with :meth:`hold`."""
+        slot = self._slots[self._next]
+        self._next = (self._next + 1) % len(self._slots)
+        if slot.busy is not None:
+            slot.busy.wait()
+            slot.busy = None
+        nbytes = count * row_nbytes
+        rows = slot.rows
+        if rows is None or rows.numel() < nbytes:
+            rows = slot.rows = self._allocate(max(nbytes, self.chunk_nbytes))
+            slot.memory = row_memory(rows)
+        return rows[:nbytes].view(count, row_nbytes), slot.memory
+
+    def hold(self, handle: capkv.transfer._handle.CopyHandle) -> None:
+        """The slot taken last is read by ``handle``'s copy: the next :meth:`take` of it waits for it."""
+        self._slots[self._next - 1].busy = handle
+
+    def clear(self) -> None:
+        """Drop the buffers (after waiting for the copies that read them)."""
+        for slot in self._slots:
+            if slot.busy is not None:
+                slot.busy.wait()
+            slot.busy, slot.rows, slot.memory = None, None, memoryview(b"")
