@@ -17,9 +17,9 @@ it as it is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import torch
-
+from capkv._homes import publish
 from capkv.contracts._spec import KVSpec
 from capkv.contracts._block_ids import check_pool_ids
 from capkv.errors import ConfigError, ContractError
@@ -27,7 +27,12 @@ from capkv.transfer._cpu import CpuCopies
 from capkv.transfer._cuda import DEFAULT_STAGING_BYTES, CudaCopies
 from capkv.transfer._handle import FINISHED, CopyHandle
 from capkv.transfer._layout import GroupRuns, KVLayout
-from capkv.transfer._runs import WORD_DTYPES, storage_words, widest_word
+from capkv.transfer._runs import storage_words, widest_word, word_dtype
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
 __all__ = ["BlockCopier"]
 
@@ -140,7 +145,7 @@ class BlockCopier:
         word = widest_word(runs.alignment, rows.data_ptr(), offset, row_stride, runs.run_nbytes)
         width = runs.run_nbytes // word
         if count == 1 or row_stride >= needed:  # rows apart: a view by dtype, no storage round trip
-            view = rows[:, :needed].view(WORD_DTYPES[word]).view(count, runs.runs_per_block, width)
+            view = rows[:, :needed].view(word_dtype(word)).view(count, runs.runs_per_block, width)
         else:
             view = storage_words(rows, word).as_strided(
                 (count, runs.runs_per_block, width), (row_stride // word, width, 1), offset // word
@@ -150,3 +155,6 @@ class BlockCopier:
 
 def _is_index(value: object, size: int) -> bool:
     return type(value) is int and 0 <= value < size
+
+
+publish(__name__)

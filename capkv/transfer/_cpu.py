@@ -13,12 +13,15 @@ torch's intra-op threads over 16-byte words (``capkv bench transfer`` measures t
 
 from __future__ import annotations
 
-from typing import cast
-
-import torch
+from typing import TYPE_CHECKING, cast
 
 from capkv.transfer._handle import FINISHED, CopyHandle
 from capkv.transfer._layout import GroupRuns
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
 __all__ = ["SPAN_BYTES", "CpuCopies", "spans"]
 

@@ -47,6 +47,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
+from capkv._homes import publish
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
 from capkv.capabilities._serving import check_stack, finish_request
 from capkv.config._hosts import HMA_HOST, PLAIN_HOST, require_host_capability, stack_config
@@ -311,3 +312,6 @@ class CapkvHMAConnector(CapkvConnector, SupportsHMA):
         self._loading.forget(request.request_id)
         groups: BlockIds = tuple(list(ids) for ids in block_ids)
         return finish_request(self.stack, request, groups)
+
+
+publish(__name__, "capkv.vllm")
