@@ -1,4 +1,8 @@
-"""Host rows a store reuses step after step, so a load neither allocates nor page-faults.
+"""Host rows a store reuses step after step, so loads and saves neither allocate nor page-fault.
+
+Fresh host memory is expensive: the kernel zeroes it page by page on first
+touch (about as long as copying it), and on CUDA the driver pins it. So a store
+takes it once and keeps it.
 
 A load moves its values through two *slots* of host memory (pinned when the
 KV cache is on CUDA), one chunk of about :data:`DEFAULT_CHUNK_BYTES` at a time:
@@ -6,12 +10,16 @@ read into a slot, checked while the bytes are still in the CPU's cache,
 scattered into the KV cache. Reading the next chunk into the next slot waits
 only for the copy that last read *that* slot — on CPU none (a scatter is done
 when it returns), on CUDA the copy two chunks back — so host memory stays a few
-chunks, whatever a step loads, and fresh memory (zeroed by the kernel page by
-page, pinned by the driver) is taken once, not per load.
+chunks, whatever a step loads (:class:`StagingRing`).
+
+A save gathers its blocks into rows that the writer holds until the backend's
+``put`` returns; then they go back to a :class:`RowCache` for the next saves
+(up to a bound of idle bytes), instead of back to the allocator.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
@@ -22,13 +30,20 @@ if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
 
     import capkv.transfer._handle
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "StagingRing"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_IDLE_BYTES", "RowCache", "StagingRing"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Bytes per chunk: within a core's share of the CPU's caches (a chunk is checked and scattered while
 it is still there), and large enough that its fixed costs — one backend read, one scatter call, about
 0.1-0.2 ms — stay a few percent of moving its bytes. Measured on the file-store benchmark's loads
 (CPU time per load, medians): 256 KiB 66 ms, 1 MiB 49 ms, 2 MiB 41 ms, 4 MiB 39 ms, 16 MiB 41 ms."""
+
+DEFAULT_IDLE_BYTES = 256 << 20
+"""At most this many bytes of returned save rows are kept for reuse (more are freed)."""
+
+_GRAIN = 1 << 20
+"""Buffers are sized in steps of this (smaller ones in powers of two), so a buffer serves saves of
+nearby sizes."""
 
 
 class _Slot:
@@ -87,3 +102,54 @@ class StagingRing:
             if slot.busy is not None:
                 slot.busy.wait()
             slot.busy, slot.rows, slot.memory = None, None, memoryview(b"")
+
+
+class RowCache:
+    """Host buffers for saves: :meth:`rows` takes one (an idle one that fits, or a new one from
+    ``allocate(nbytes)``, a 1-D ``uint8`` CPU tensor); :meth:`give` returns it once nothing reads it
+    any more (from any thread). Idle buffers beyond ``idle_nbytes`` are freed, oldest first."""
+
+    __slots__ = ("_allocate", "_free", "_idle", "_lock", "idle_nbytes")
+
+    def __init__(self, allocate: Callable[[int], torch.Tensor], *, idle_nbytes: int = DEFAULT_IDLE_BYTES) -> None:
+        self._allocate = allocate
+        self.idle_nbytes = idle_nbytes
+        self._free = cast("list[torch.Tensor]", [])
+        """Idle buffers, oldest first."""
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def rows(self, count: int, row_nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``count`` rows of ``row_nbytes`` (a ``(count, row_nbytes)`` view) and the buffer they are in
+        (for :meth:`give`): the smallest idle buffer that holds them and is at most twice their size."""
+        nbytes = count * row_nbytes
+        size = _sized(nbytes)
+        buffer = cast("torch.Tensor | None", None)
+        with self._lock:
+            fits = [(free.numel(), index) for index, free in enumerate(self._free) if size <= free.numel() <= 2 * size]
+            if fits:
+                buffer = self._free.pop(min(fits)[1])
+                self._idle -= buffer.numel()
+        if buffer is None:
+            buffer = self._allocate(size)
+        return buffer[:nbytes].view(count, row_nbytes), buffer
+
+    def give(self, buffer: torch.Tensor) -> None:
+        """``buffer`` (from :meth:`rows`) is free: nothing reads or writes it any more."""
+        with self._lock:
+            self._free.append(buffer)
+            self._idle += buffer.numel()
+            while self._idle > self.idle_nbytes:
+                self._idle -= self._free.pop(0).numel()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free, self._idle = [], 0
+
+
+def _sized(nbytes: int) -> int:
+    """The buffer size that serves ``nbytes``: the next power of two up to :data:`_GRAIN`, then the
+    next multiple of it."""
+    if nbytes <= _GRAIN:
+        return max(64, 1 << (nbytes - 1).bit_length())
+    return -(-nbytes // _GRAIN) * _GRAIN

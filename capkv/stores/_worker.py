@@ -34,10 +34,11 @@ from capkv.contracts._engine import LoadErrors
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.stores._backend import Backend, StoreKey
+from capkv.stores._checksum import block_identity, payload_checksums
 from capkv.stores._keys import BlockKey
 from capkv.stores._loading import load_chunks, plan_chunks
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.stores._staging import StagingRing
+from capkv.stores._staging import RowCache, StagingRing
 from capkv.stores._value import HEADER_SIZE, LAYOUT_SIZE
 from capkv.stores._writer import DEFAULT_BATCH_BYTES, SaveJob, Writer
 
@@ -101,6 +102,8 @@ class StoreWorker:
         self._copier = cast("capkv.transfer._copier.BlockCopier | None", None)
         self._ring: StagingRing | None = None
         """The host rows loads go through (made on the first load, reused)."""
+        self._rows: RowCache | None = None
+        """The host rows saves are gathered into (made on the first save, reused)."""
         self._writer: Writer | None = None
         self._layouts: tuple[bytes, ...] = ()
         self._sizes: tuple[int, ...] = ()
@@ -135,6 +138,7 @@ class StoreWorker:
         if self._ring is not None:  # rows for the previous KV cache's device
             self._ring.clear()
             self._ring = None
+        self._rows = None
         self._layout_news = layouts
         if self._writer is None:
             background = copier.device.type == "cuda" if self._background is None else self._background
@@ -204,6 +208,13 @@ class StoreWorker:
                 handle.stream_wait()
         self._loaded_through = metadata.step  # stream-ordered: the engine reads them after this
 
+    def _row_cache(self, copier: capkv.transfer._copier.BlockCopier) -> RowCache:
+        """The host rows saves are gathered into (pinned on CUDA), reused once their write is over."""
+        cache = self._rows
+        if cache is None:
+            cache = self._rows = RowCache(lambda nbytes: copier.host_rows(1, nbytes)[0])
+        return cache
+
     def _staging_ring(self, copier: capkv.transfer._copier.BlockCopier) -> StagingRing:
         """The host rows loads go through, made with the KV cache's copier (pinned on CUDA) and reused."""
         ring = self._ring
@@ -238,11 +249,36 @@ class StoreWorker:
             self._start_save(move, "wait_for_save").copied.stream_wait()
 
     def _start_save(self, move: BlockMove, method: str) -> SaveJob:
+        """Gather ``move``'s blocks into reused rows and hand them to the writer. On CPU the copy is
+        done on return, so it goes a chunk at a time and each chunk's checksums are computed while
+        it is still in the CPU's cache (the writer's seal then only writes headers); on CUDA the
+        copy is still running, and the writer checksums the rows once it is over."""
         copier = self.copier(method)
         writer = self._writer_for(method)
-        rows = copier.host_rows(len(move.block_ids), self._sizes[move.group])
-        copied = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:])
-        job = SaveJob([self.store_key(key) for key in move.keys], rows, copied)
+        cache = self._row_cache(copier)
+        count, size = len(move.block_ids), self._sizes[move.group]
+        rows, buffer = cache.rows(count, size)
+        keys = [self.store_key(key) for key in move.keys]
+        checksums: list[bytes] | None = None
+        if copier.device.type == "cpu":
+            from capkv.transfer._handle import all_of  # noqa: PLC0415 (with the KV cache)
+
+            checksums = []
+            handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
+            step = self._staging_ring(copier).rows_per_chunk(size)
+            for start in range(0, count, step):
+                stop = min(count, start + step)
+                handle = copier.gather(move.group, move.block_ids[start:stop], rows[start:stop, HEADER_SIZE:])
+                handles.append(handle)
+                if checksums is not None and handle.done():
+                    identities = [block_identity(key.block, key.layout) for key in keys[start:stop]]
+                    checksums += payload_checksums(rows[start:stop, HEADER_SIZE:], identities)
+                else:
+                    checksums = None  # a copy still running: the writer checksums once it is over
+            copied = all_of(handles)
+        else:
+            copied = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:])
+        job = SaveJob(keys, rows, copied, checksums=checksums, release=lambda: cache.give(buffer))
         self._landing.append((move, job))
         writer.submit(job)
         self._counts["saved_blocks"] += len(move.block_ids)
@@ -320,6 +356,8 @@ class StoreWorker:
             self._settle(wait=True)
             if self._ring is not None:
                 self._ring.clear()
+            if self._rows is not None:
+                self._rows.clear()
         finally:
             try:
                 self._backend.close()
