@@ -65,6 +65,7 @@ class FileBackend:
     def __init__(self, catalog: PackCatalog, *, owner: str, write: PackWriter = write_pack) -> None:
         self.catalog: PackCatalog = catalog
         self._root = catalog.root
+        self._directory = os.fspath(catalog.root)
         self._owner = owner
         self._write = write
         self._pinned: dict[StoreKey, list[str]] = {}
@@ -151,7 +152,7 @@ class FileBackend:
         try:
             descriptor = opened.get(name)
             if descriptor is None:
-                descriptor = opened[name] = os.open(self._root / name, os.O_RDONLY)
+                descriptor = opened[name] = os.open(os.path.join(self._directory, name), os.O_RDONLY)
         except FileNotFoundError:
             self.catalog.forget(name)
             return [index for index, _, _ in run]
