@@ -48,6 +48,8 @@ TEMP_SUFFIX = ".tmp"
 PACK_SUFFIX = ".kvpack"
 _READ_LIMIT = 1 << 30
 """At most this many bytes per read call."""
+_IOV_MAX = min(1024, getattr(os, "IOV_MAX", 1024))
+"""At most this many buffers per read call."""
 
 
 @dataclass(frozen=True)
@@ -143,10 +145,13 @@ def read_values(descriptor: int, records: Sequence[RecordHeader], buffers: Seque
     (fewer than its value's length only where the pack ends before its index said — a read the OS
     returned in parts is resumed, never short), or ``None`` when the pack is gone or unreadable."""
     views = [buffer[: HEADER_SIZE + record.length] for record, buffer in zip(records, buffers, strict=True)]
+    wanted = sum(HEADER_SIZE + record.length for record in records)
     try:
-        got = _read_all(descriptor, views, records[0].offset)
+        got = _read_all(descriptor, views, records[0].offset, wanted)
     except OSError:
         return None
+    if got == wanted:
+        return [len(view) for view in views]
     counts: list[int] = []
     for view in views:
         counts.append(min(got, len(view)))
@@ -154,17 +159,29 @@ def read_values(descriptor: int, records: Sequence[RecordHeader], buffers: Seque
     return counts
 
 
-def _read_all(descriptor: int, buffers: Sequence[memoryview], offset: int) -> int:
-    """``preadv`` into ``buffers`` from ``offset``, at most :data:`_READ_LIMIT` bytes a call (Linux
-    moves at most 2 GiB - 4 KiB per call), resuming after short reads until they are full or the file
-    ends; the bytes read."""
+def _read_all(descriptor: int, buffers: list[memoryview], offset: int, wanted: int) -> int:
+    """``preadv`` into ``buffers`` (``wanted`` bytes in all) from ``offset``, at most
+    :data:`_READ_LIMIT` bytes a call (Linux moves at most 2 GiB - 4 KiB per call), resuming after
+    short reads until they are full or the file ends; the bytes read."""
+    if wanted <= _READ_LIMIT and len(buffers) <= _IOV_MAX:
+        got = os.preadv(descriptor, buffers, offset)  # the usual case: one call reads it all
+        if got == wanted or got == 0:
+            return got
+        total = got
+    else:
+        total = 0
     views = [memoryview(buffer).cast("B") for buffer in buffers]
-    total = 0
     index = 0
+    skip = total
+    while index < len(views) and skip >= len(views[index]):
+        skip -= len(views[index])
+        index += 1
+    if skip:
+        views[index] = views[index][skip:]
     while index < len(views):
         batch: list[memoryview] = []
         size = 0
-        for view in views[index:]:
+        for view in views[index : index + _IOV_MAX]:
             if size + len(view) > _READ_LIMIT and batch:
                 break
             batch.append(view[: _READ_LIMIT - size])

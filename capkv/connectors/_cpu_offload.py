@@ -27,7 +27,7 @@ from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.stores._backend import StoreKey
 from capkv.stores._base import PrefixStoreConnector, require_store_spec
-from capkv.stores._value import row_memory
+from capkv.stores._host import rows_memory
 from capkv.stores._worker import StoreWorker
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
@@ -52,6 +52,9 @@ class HostPool:
         self._owner = owner
         self.capacity: int = capacity
         self._pool = cast("torch.Tensor | None", None)
+        self._memory = memoryview(b"")
+        """The pool's bytes (slot ``i`` at ``i * _stride``)."""
+        self._stride = 0
         self._slots: dict[StoreKey, int] = {}
         self._free = list(range(capacity))
         self._lock = threading.Lock()
@@ -70,15 +73,16 @@ class HostPool:
                 )
             return
         self._pool = torch.empty((self.capacity, slot_nbytes), dtype=torch.uint8, pin_memory=pinned)
+        self._memory, self._stride = rows_memory(self._pool)
 
     def __len__(self) -> int:
         return len(self._slots)
 
     def _slot(self, slot: int, nbytes: int) -> memoryview:
-        pool = self._pool
-        if pool is None:
+        if self._pool is None:
             raise ConfigError(f"{self._owner}: no host pool before register_kv_caches", connector=self._owner)
-        return row_memory(pool[slot])[:nbytes]
+        start = slot * self._stride
+        return self._memory[start : start + nbytes]
 
     def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
         with self._lock:
@@ -125,6 +129,7 @@ class HostPool:
     def close(self) -> None:
         with self._lock:
             self._slots.clear()
+        self._memory = memoryview(b"")
         self._pool = None
 
 

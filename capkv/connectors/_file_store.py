@@ -65,6 +65,7 @@ class FileBackend:
     def __init__(self, catalog: PackCatalog, *, owner: str, write: PackWriter = write_pack) -> None:
         self.catalog: PackCatalog = catalog
         self._root = catalog.root
+        self._directory = os.fspath(catalog.root)
         self._owner = owner
         self._write = write
         self._pinned: dict[StoreKey, list[str]] = {}
@@ -121,17 +122,23 @@ class FileBackend:
     ) -> list[int]:
         """Read ``keys[i]`` into ``buffers[i]`` for each ``i`` in ``indices``; the indices whose pack was gone."""
         gone: list[int] = []
+        places = self.catalog.find_all([(keys[index].block, keys[index].layout) for index in indices])
         # Records that lie back to back in one pack (saved together) are read in one call.
         run: list[tuple[int, str, RecordHeader]] = []
-        for index in indices:
-            found = self._find(keys[index])
+        last_index, last_name, next_offset = -2, "", -1
+        for index, found in zip(indices, places, strict=True):
             if found is None:
                 continue
             name, record = found
-            if run and (len(run) == _RUN_RECORDS or not _continues(run[-1], index, name, record)):
+            if HEADER_SIZE + record.length != keys[index].nbytes:
+                continue  # a value of another length: not this layout's whole value, a miss
+            if run and (
+                len(run) == _RUN_RECORDS or index != last_index + 1 or name != last_name or record.offset != next_offset
+            ):
                 gone += self._read_run(run, buffers, counts, opened)
                 run = []
             run.append((index, name, record))
+            last_index, last_name, next_offset = index, name, record.offset + HEADER_SIZE + record.length
         if run:
             gone += self._read_run(run, buffers, counts, opened)
         return gone
@@ -145,7 +152,7 @@ class FileBackend:
         try:
             descriptor = opened.get(name)
             if descriptor is None:
-                descriptor = opened[name] = os.open(self._root / name, os.O_RDONLY)
+                descriptor = opened[name] = os.open(os.path.join(self._directory, name), os.O_RDONLY)
         except FileNotFoundError:
             self.catalog.forget(name)
             return [index for index, _, _ in run]
@@ -208,16 +215,6 @@ class FileBackend:
         """Drop this process's leases and stop following the directory's journal."""
         self._offered = []
         self.catalog.close()
-
-
-def _continues(last: tuple[int, str, RecordHeader], index: int, name: str, record: RecordHeader) -> bool:
-    """Whether ``record`` (the ``index``-th key) can join a read run ending with ``last``: the next
-    key, the same pack, right after it."""
-    last_index, last_name, last_record = last
-    return (
-        last_index + 1 == index and last_name == name
-        and last_record.offset + HEADER_SIZE + last_record.length == record.offset
-    )
 
 
 class FileStoreConnector(StoreConnector):

@@ -83,6 +83,22 @@ class PackCatalog:
             found = self._find(key, fingerprint)
         return found
 
+    def find_all(self, wheres: list[tuple[BlockKey, bytes]]) -> list[tuple[str, RecordHeader] | None]:
+        """:meth:`find` of many ``(key, fingerprint)``: one lock, the journal read at most once."""
+        found = self._find_all(wheres)
+        if None in found and self.catch_up():
+            found = self._find_all(wheres)
+        return found
+
+    def _find_all(self, wheres: list[tuple[BlockKey, bytes]]) -> list[tuple[str, RecordHeader] | None]:
+        found: list[tuple[str, RecordHeader] | None] = []
+        with self._lock:
+            lookup = self._where.get
+            for where in wheres:
+                places = lookup(where)
+                found.append(next(iter(places.items())) if places else None)
+        return found
+
     def _find(self, key: BlockKey, fingerprint: bytes) -> tuple[str, RecordHeader] | None:
         with self._lock:
             places = self._where.get((key, fingerprint))

@@ -27,12 +27,12 @@ catches, for about half a memcpy's time per block.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import xxhash
 
+from capkv.stores._host import dense_rows, rows_memory
 from capkv.stores._keys import BlockKey
 
 if TYPE_CHECKING:
@@ -62,10 +62,9 @@ def payload_checksums(payloads: torch.Tensor, identities: Sequence[bytes]) -> li
     count, width = payloads.shape
     if count != len(identities):
         raise ValueError(f"{count} payloads but {len(identities)} identities")
-    if width > 1 and payloads.stride(1) != 1:
-        payloads = payloads.contiguous()
-    start, step = payloads.data_ptr(), payloads.stride(0)
+    payloads = dense_rows(payloads)
+    memory, stride = rows_memory(payloads)
     return [
-        checksum(memoryview((ctypes.c_char * width).from_address(start + index * step)).cast("B"), identity)
+        checksum(memory[index * stride : index * stride + width], identity)
         for index, identity in enumerate(identities)
     ]

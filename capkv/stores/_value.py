@@ -17,14 +17,14 @@ without copying it.
 
 from __future__ import annotations
 
-import ctypes
 import enum
 import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from capkv.stores._backend import StoreKey
-from capkv.stores._checksum import CHECKSUM_SIZE, block_identity, payload_checksums
+from capkv.stores._checksum import CHECKSUM_SIZE, block_identity, checksum, payload_checksums
+from capkv.stores._host import dense_rows, row_memory, rows_memory
 from capkv.stores._keys import DIGEST_SIZE, BlockKey
 
 if TYPE_CHECKING:
@@ -35,11 +35,11 @@ __all__ = [
     "LAYOUT_SIZE",
     "ValueCheck",
     "ValueHeader",
+    "check_memory",
     "check_value",
     "check_values",
     "pack_header",
     "row_memory",
-    "row_views",
     "seal_values",
     "unpack_header",
 ]
@@ -94,65 +94,63 @@ def unpack_header(header: bytes | bytearray | memoryview) -> ValueHeader | None:
     return ValueHeader(BlockKey(group, digest), layout, length, checksum)
 
 
-def row_memory(rows: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU ``uint8`` tensor (or one row), without copying (keep the tensor alive)."""
-    buffer = (ctypes.c_char * rows.numel()).from_address(rows.data_ptr())
-    return memoryview(buffer).cast("B")
-
-
-def row_views(rows: torch.Tensor) -> list[memoryview]:
-    """Each row of a 2-D CPU ``uint8`` tensor with contiguous rows, as a memoryview (without copying;
-    keep the tensor alive). One view sliced per row: no tensor is made per row."""
-    count, width = rows.shape
-    if rows.is_contiguous():
-        whole = row_memory(rows)
-        return [whole[index * width : (index + 1) * width] for index in range(count)]
-    return [row_memory(rows[index]) for index in range(count)]
-
-
-def seal_values(rows: torch.Tensor, keys: Sequence[StoreKey]) -> list[memoryview]:
+def seal_values(rows: torch.Tensor, keys: Sequence[StoreKey], checksums: Sequence[bytes] | None = None) -> list[memoryview]:
     """Write each row's header in front of its payload (``rows[i, HEADER_SIZE:]``, gathered already);
-    the values, one memoryview per row, in order."""
+    the values, one memoryview per row, in order. ``checksums``: the payloads' checksums, when they
+    were computed already (as the rows were gathered); otherwise they are computed here."""
     payload = rows.shape[1] - HEADER_SIZE
-    sums = payload_checksums(rows[:, HEADER_SIZE:], [block_identity(key.block, key.layout) for key in keys])
-    values = row_views(rows)
-    for row, key, checksum in zip(values, keys, sums, strict=True):
-        row[:HEADER_SIZE] = pack_header(key.block, key.layout, payload, checksum)
+    if checksums is None:
+        checksums = payload_checksums(rows[:, HEADER_SIZE:], [block_identity(key.block, key.layout) for key in keys])
+    memory, stride = rows_memory(rows)  # the values are the rows' memory
+    values: list[memoryview] = []
+    for index, (key, checksum) in enumerate(zip(keys, checksums, strict=True)):
+        start = index * stride
+        _HEADER.pack_into(memory, start, _MAGIC, _VERSION, 0, key.group, payload, key.digest, key.layout, checksum)
+        values.append(memory[start : start + HEADER_SIZE + payload])
     return values
 
 
 def check_values(rows: torch.Tensor, keys: Sequence[StoreKey], lengths: Sequence[int | None]) -> list[ValueCheck]:
     """Whether each row holds ``keys[i]``'s value, whole and intact; ``lengths[i]`` is how many bytes
-    the backend put in the row (``None``: absent). Checksums of the rows that may pass are computed in one batch."""
+    the backend put in the row (``None``: absent)."""
+    rows = dense_rows(rows)
+    memory, stride = rows_memory(rows)
+    return check_memory(memory, stride, keys, lengths)
+
+
+def check_memory(
+    memory: memoryview, stride: int, keys: Sequence[StoreKey], lengths: Sequence[int | None]
+) -> list[ValueCheck]:
+    """:func:`check_values` of rows laid out ``stride`` bytes apart in ``memory`` (row ``i`` at ``i * stride``).
+
+    One pass per value, right after its read while its bytes are still in the
+    CPU's cache: the header is parsed in place and the checksum runs over the
+    payload where it lies (no copies, no per-row tensors)."""
     results: list[ValueCheck] = []
-    candidates: list[int] = []
-    claimed: list[bytes] = []
-    views = row_views(rows)
+    unpack = _HEADER.unpack_from
     for index, (key, length) in enumerate(zip(keys, lengths, strict=True)):
         if length is None:
             results.append(ValueCheck.ABSENT)
             continue
-        header = unpack_header(views[index][:HEADER_SIZE]) if length >= HEADER_SIZE else None
-        if header is None:
-            results.append(_unknown(rows, index, length))
-        elif header.key != key.block:
+        start = index * stride
+        if length < HEADER_SIZE:  # cut short, unless a (shorter) value of another format version
+            other = length >= 6 and bytes(memory[start : start + 4]) == _MAGIC and _version(memory, start) != _VERSION
+            results.append(ValueCheck.FOREIGN if other else ValueCheck.DAMAGED)
+            continue
+        magic, version, flags, group, claimed, digest, layout, stored = unpack(memory, start)
+        block = key.block
+        if magic != _MAGIC or version != _VERSION or flags:
+            results.append(ValueCheck.FOREIGN if magic == _MAGIC and version != _VERSION else ValueCheck.DAMAGED)
+        elif group != block.group or digest != block.digest:
             results.append(ValueCheck.DAMAGED)  # another key's value: never this one's
-        elif header.layout != key.layout:
+        elif layout != key.layout:
             results.append(ValueCheck.FOREIGN)
-        elif length != key.nbytes or header.length != key.nbytes - HEADER_SIZE:
+        elif length != key.nbytes or claimed != key.nbytes - HEADER_SIZE:
+            results.append(ValueCheck.DAMAGED)
+        elif stored != checksum(memory[start + HEADER_SIZE : start + length], block_identity(block, layout)):
             results.append(ValueCheck.DAMAGED)
         else:
             results.append(ValueCheck.OK)
-            candidates.append(index)
-            claimed.append(header.checksum)
-    if candidates:
-        payloads = rows[:, HEADER_SIZE:]
-        if len(candidates) != len(keys):
-            payloads = payloads[candidates]
-        identities = [block_identity(keys[index].block, keys[index].layout) for index in candidates]
-        for index, stored, actual in zip(candidates, claimed, payload_checksums(payloads, identities), strict=True):
-            if stored != actual:
-                results[index] = ValueCheck.DAMAGED
     return results
 
 
@@ -168,10 +166,5 @@ def check_value(value: bytes | bytearray | memoryview | None, key: StoreKey) -> 
     return check_values(rows, [key], [None if value is None else len(memoryview(value).cast("B"))])[0]
 
 
-def _unknown(rows: torch.Tensor, index: int, length: int) -> ValueCheck:
-    """A row whose header does not parse: a value of another format version (well formed) is someone else's."""
-    if length >= 8 and bytes(row_memory(rows[index, :4])) == _MAGIC:
-        version = int.from_bytes(bytes(row_memory(rows[index, 4:6])), "little")
-        if version != _VERSION:
-            return ValueCheck.FOREIGN
-    return ValueCheck.DAMAGED
+def _version(memory: memoryview, start: int) -> int:
+    return int.from_bytes(memory[start + 4 : start + 6], "little")

@@ -1,11 +1,11 @@
 """The worker side of a store: run the metadata's loads and saves against a backend.
 
-Loads run first, in ``start_load_kv``: every block the step loads is read from
-the backend in one batch (straight into host rows when the backend can, see
-:class:`~capkv.stores._backend.ReadsInto`), checked (:func:`check_values`: the
-value must be this key's, of this layout and shard, whole, with a matching
-checksum) and scattered into the engine's blocks; the engine's stream is
-ordered after them before any layer computes. A damaged value is deleted from
+Loads run first, in ``start_load_kv``: the blocks the step loads are read from
+the backend chunk by chunk into reused host rows (straight into them when the
+backend can, see :class:`~capkv.stores._backend.ReadsInto`), checked while hot
+(the value must be this key's, of this layout and shard, whole, with a matching
+checksum) and scattered into the engine's blocks (:mod:`capkv.stores._loading`);
+the engine's stream is ordered after them before any layer computes. A damaged value is deleted from
 the backend (nobody can use it) and, like a missing one, is a load error of its
 group; a value of another layout or format is left alone.
 
@@ -27,17 +27,19 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
 from capkv.contracts._engine import LoadErrors
 from capkv.contracts._spec import KVSpec
-from capkv.errors import ConfigError, ContractError
-from capkv.stores._backend import Backend, ReadsInto, StoreKey
+from capkv.errors import ConfigError
+from capkv.stores._backend import Backend, StoreKey
+from capkv.stores._checksum import block_identity, payload_checksums
 from capkv.stores._keys import BlockKey
+from capkv.stores._loading import load_chunks, plan_chunks
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.stores._rows import RowCache
-from capkv.stores._value import HEADER_SIZE, LAYOUT_SIZE, ValueCheck, check_values, row_views
+from capkv.stores._staging import RowCache, StagingRing
+from capkv.stores._value import HEADER_SIZE, LAYOUT_SIZE
 from capkv.stores._writer import DEFAULT_BATCH_BYTES, SaveJob, Writer
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
@@ -103,13 +105,16 @@ class StoreWorker:
         self._background = background
         self._batch_bytes = batch_bytes
         self._copier = cast("capkv.transfer._copier.BlockCopier | None", None)
+        self._ring: StagingRing | None = None
+        """The host rows loads go through (made on the first load, reused)."""
+        self._rows: RowCache | None = None
+        """The host rows saves are gathered into (made on the first save, reused)."""
         self._writer: Writer | None = None
         self._layouts: tuple[bytes, ...] = ()
         self._sizes: tuple[int, ...] = ()
         self._sending = cast("dict[str, list[capkv.transfer._handle.CopyHandle]]", {})
-        self._landing = cast("list[tuple[BlockMove, SaveJob, torch.Tensor]]", [])
-        """Started saves, each with the buffer its rows are in (back to ``_rows`` once it landed)."""
-        self._rows = RowCache()
+        self._landing: list[tuple[BlockMove, SaveJob]] = []
+        """Started saves (their rows go back to ``_rows`` once written: :class:`SaveJob`'s ``release``)."""
         self._stored: set[BlockKey] = set()
         self._failed: set[BlockKey] = set()
         self._errors: LoadErrors = {}
@@ -136,6 +141,10 @@ class StoreWorker:
         layouts = layout_fingerprints(self._spec, copier)
         self._sizes = tuple(HEADER_SIZE + copier.block_nbytes(g) for g in range(self._spec.num_groups))
         self._copier, self._layouts = copier, layouts
+        if self._ring is not None:  # rows for the previous KV cache's device
+            self._ring.clear()
+            self._ring = None
+        self._rows = None
         self._layout_news = layouts
         if self._writer is None:
             background = copier.device.type == "cuda" if self._background is None else self._background
@@ -179,72 +188,45 @@ class StoreWorker:
     # ---- loads -------------------------------------------------------------------------------
 
     def load(self, metadata: StoreMetadata) -> None:
-        """Run the step's loads in one batch and order the engine's stream after them."""
+        """Run the step's loads, chunk by chunk (:mod:`capkv.stores._loading`), and order the engine's
+        stream after them."""
         for group, block_id in metadata.unavailable:
             self._errors.setdefault(group, set()).add(block_id)
         self._load_failed = set()
         if metadata.loads:
             copier = self.copier("start_load_kv")
-            buffers_taken = [self._rows.take(copier, len(move.keys), self._sizes[move.group]) for move in metadata.loads]
-            moves = [
-                (move, [self.store_key(k) for k in move.keys], buffer[: len(move.keys)])
-                for move, buffer in zip(metadata.loads, buffers_taken, strict=True)
-            ]
-            keys = [key for _, move_keys, _ in moves for key in move_keys]
-            buffers = [view for _, _, rows in moves for view in row_views(rows)]
-            lengths = iter(self._read(keys, buffers))
-            handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
-            damaged: list[StoreKey] = []
-            for move, move_keys, rows in moves:
-                results = check_values(rows, move_keys, [next(lengths) for _ in move_keys])
-                good = [i for i, result in enumerate(results) if result is ValueCheck.OK]
-                failed = {move.block_ids[i] for i, result in enumerate(results) if result is not ValueCheck.OK}
-                damaged += (move_keys[i] for i, result in enumerate(results) if result is ValueCheck.DAMAGED)
-                self.damaged_values += results.count(ValueCheck.DAMAGED)
-                self.foreign_values += results.count(ValueCheck.FOREIGN)
-                if good:
-                    payloads = (rows if len(good) == len(results) else rows[good])[:, HEADER_SIZE:]
-                    handles.append(copier.scatter(move.group, [move.block_ids[i] for i in good], payloads))
-                if failed:
-                    self._errors.setdefault(move.group, set()).update(failed)
-                    self._load_failed.add(move.request_id)
-                nbytes = self._sizes[move.group] - HEADER_SIZE
-                self._counts["loaded_blocks"] += len(good)
-                self._counts["loaded_bytes"] += len(good) * nbytes
-                self._counts["failed_blocks"] += len(failed)
-            if damaged:
-                self._forget_damaged(damaged)
-            for handle in handles:
+            ring = self._staging_ring(copier)
+            chunks = plan_chunks(metadata.loads, self.store_key, self._sizes, ring)
+            outcome = load_chunks(chunks, self._backend, copier, ring, owner=self._owner)
+            for group, failed in outcome.errors.items():
+                self._errors.setdefault(group, set()).update(failed)
+            self._load_failed = outcome.failed_requests
+            if outcome.read_failure is not None:
+                self._read_failures.append(outcome.read_failure)
+            self.damaged_values += len(outcome.damaged)
+            self.foreign_values += outcome.foreign
+            self._counts["loaded_blocks"] += outcome.loaded
+            self._counts["loaded_bytes"] += outcome.loaded_bytes
+            self._counts["failed_blocks"] += sum(len(failed) for failed in outcome.errors.values())
+            if outcome.damaged:
+                self._forget_damaged(outcome.damaged)
+            for handle in outcome.handles:
                 handle.stream_wait()
-            if copier.device.type == "cpu":  # the scatters are done: the rows are free (on CUDA they may still be read)
-                for buffer in buffers_taken:
-                    self._rows.give(buffer)
         self._loaded_through = metadata.step  # stream-ordered: the engine reads them after this
 
-    def _read(self, keys: list[StoreKey], buffers: list[memoryview]) -> list[int | None]:
-        """Per key, how many bytes of its value are in its buffer (``None``: a miss); a backend that
-        raises fails the whole read (its error is raised by ``flush``)."""
-        try:
-            if isinstance(self._backend, ReadsInto):
-                lengths = list(self._backend.get_into(keys, buffers))
-                _check_answers(self._owner, "get_into", lengths, keys)
-                return [length if type(length) is int else None for length in lengths]
-            values = list(self._backend.get(keys))
-            _check_answers(self._owner, "get", values, keys)
-            read: list[int | None] = []
-            for value, buffer in zip(values, buffers, strict=True):
-                if value is None:
-                    read.append(None)
-                    continue
-                data = memoryview(value).cast("B")
-                count = min(len(data), len(buffer))
-                buffer[:count] = data[:count]
-                read.append(len(data))
-            return read
-        except Exception as error:  # noqa: BLE001 (a backend fault is this step's load error, not the engine's end)
-            error.__traceback__ = None
-            self._read_failures.append(error)
-            return [None] * len(keys)
+    def _row_cache(self, copier: capkv.transfer._copier.BlockCopier) -> RowCache:
+        """The host rows saves are gathered into (pinned on CUDA), reused once their write is over."""
+        cache = self._rows
+        if cache is None:
+            cache = self._rows = RowCache(lambda nbytes: copier.host_rows(1, nbytes)[0])
+        return cache
+
+    def _staging_ring(self, copier: capkv.transfer._copier.BlockCopier) -> StagingRing:
+        """The host rows loads go through, made with the KV cache's copier (pinned on CUDA) and reused."""
+        ring = self._ring
+        if ring is None:
+            ring = self._ring = StagingRing(lambda nbytes: copier.host_rows(1, nbytes)[0])
+        return ring
 
     def _forget_damaged(self, keys: list[StoreKey]) -> None:
         try:
@@ -273,13 +255,37 @@ class StoreWorker:
             self._start_save(move, "wait_for_save").copied.stream_wait()
 
     def _start_save(self, move: BlockMove, method: str) -> SaveJob:
+        """Gather ``move``'s blocks into reused rows and hand them to the writer. On CPU the copy is
+        done on return, so it goes a chunk at a time and each chunk's checksums are computed while
+        it is still in the CPU's cache (the writer's seal then only writes headers); on CUDA the
+        copy is still running, and the writer checksums the rows once it is over."""
         copier = self.copier(method)
         writer = self._writer_for(method)
-        buffer = self._rows.take(copier, len(move.block_ids), self._sizes[move.group])
-        rows = buffer[: len(move.block_ids)]
-        copied = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:])
-        job = SaveJob([self.store_key(key) for key in move.keys], rows, copied)
-        self._landing.append((move, job, buffer))
+        cache = self._row_cache(copier)
+        count, size = len(move.block_ids), self._sizes[move.group]
+        rows, buffer = cache.rows(count, size)
+        keys = [self.store_key(key) for key in move.keys]
+        checksums: list[bytes] | None = None
+        if copier.device.type == "cpu":
+            from capkv.transfer._handle import all_of  # noqa: PLC0415 (with the KV cache)
+
+            checksums = []
+            handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
+            step = self._staging_ring(copier).rows_per_chunk(size)
+            for start in range(0, count, step):
+                stop = min(count, start + step)
+                handle = copier.gather(move.group, move.block_ids[start:stop], rows[start:stop, HEADER_SIZE:])
+                handles.append(handle)
+                if checksums is not None and handle.done():
+                    identities = [block_identity(key.block, key.layout) for key in keys[start:stop]]
+                    checksums += payload_checksums(rows[start:stop, HEADER_SIZE:], identities)
+                else:
+                    checksums = None  # a copy still running: the writer checksums once it is over
+            copied = all_of(handles)
+        else:
+            copied = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:])
+        job = SaveJob(keys, rows, copied, checksums=checksums, release=lambda: cache.give(buffer))
+        self._landing.append((move, job))
         writer.submit(job)
         self._counts["saved_blocks"] += len(move.block_ids)
         self._counts["saved_bytes"] += len(move.block_ids) * (self._sizes[move.group] - HEADER_SIZE)
@@ -309,13 +315,12 @@ class StoreWorker:
 
     def _settle(self, *, wait: bool) -> None:
         """Move the saves that are over (every save, waiting, when ``wait``) into the next report."""
-        landing = cast("list[tuple[BlockMove, SaveJob, torch.Tensor]]", [])
-        for move, job, buffer in self._landing:
+        landing: list[tuple[BlockMove, SaveJob]] = []
+        for move, job in self._landing:
             if not (wait or job.landing.done()):
-                landing.append((move, job, buffer))
+                landing.append((move, job))
                 continue
             failed = set(job.landing.result())
-            self._rows.give(buffer)  # written (or failed): nothing reads it any more
             self._failed |= failed
             self._stored.update(key for key in move.keys if key not in failed)
             self._counts["failed_save_blocks"] += len(failed)
@@ -358,17 +363,12 @@ class StoreWorker:
             if self._writer is not None:
                 self._writer.close()
             self._settle(wait=True)
-            self._rows.clear()
+            if self._ring is not None:
+                self._ring.clear()
+            if self._rows is not None:
+                self._rows.clear()
         finally:
             try:
                 self._backend.close()
             finally:
                 self._raise_failures()
-
-
-def _check_answers(owner: str, method: str, answers: Sequence[object], keys: Sequence[StoreKey]) -> None:
-    if len(answers) != len(keys):
-        raise ContractError(
-            f"{owner}: the backend's {method} answered {len(answers)} results for {len(keys)} keys",
-            connector=owner, method=method, value=len(answers),
-        )

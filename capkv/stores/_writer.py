@@ -52,14 +52,23 @@ Delete = Callable[[Sequence[StoreKey]], None]
 
 class SaveJob:
     """One started save: its keys, the rows its blocks are gathered into (payload after the header
-    space), the copy's handle, and its landing — the block keys not stored, once it is over."""
+    space), the copy's handle, and its landing — the block keys not stored, once it is over.
 
-    __slots__ = ("copied", "keys", "landing", "rows", "values")
+    ``checksums``: the payloads' checksums when they were computed as the rows were gathered (else
+    the writer computes them); ``release``: called once the backend is done with the rows (its
+    ``put`` returned or raised), so they can be reused."""
 
-    def __init__(self, keys: Sequence[StoreKey], rows: torch.Tensor, copied: capkv.transfer._handle.CopyHandle) -> None:
+    __slots__ = ("checksums", "copied", "keys", "landing", "release", "rows", "values")
+
+    def __init__(
+        self, keys: Sequence[StoreKey], rows: torch.Tensor, copied: capkv.transfer._handle.CopyHandle,
+        *, checksums: Sequence[bytes] | None = None, release: Callable[[], None] | None = None,
+    ) -> None:
         self.keys = tuple(keys)
         self.rows = cast("torch.Tensor | None", rows)
         self.copied = copied
+        self.checksums = checksums
+        self.release = release
         self.values: list[memoryview] = []
         self.landing: Future[tuple[BlockKey, ...]] = Future()
 
@@ -67,10 +76,14 @@ class SaveJob:
     def nbytes(self) -> int:
         return sum(key.nbytes for key in self.keys)
 
-    def land(self, failed: Sequence[StoreKey]) -> None:
-        """The save is over; ``failed`` were not stored. Drops the rows (no buffer outlives its write)."""
+    def land(self, failed: Sequence[StoreKey], *, put: bool = False) -> None:
+        """The save is over; ``failed`` were not stored. Drops the rows (no buffer outlives its write);
+        after a ``put`` (``put=True``: nothing reads them any more) they are released for reuse."""
         self.rows = None
         self.values = []
+        release, self.release = self.release, None
+        if put and release is not None:
+            release()
         try:
             self.landing.set_result(tuple(key.block for key in failed))
         except InvalidStateError:  # landed already (failed by ``close`` while a stuck thread held it)
@@ -169,7 +182,7 @@ class Writer:
             rows = job.rows
             if rows is None:
                 raise RuntimeError(f"{self._owner}: a save was sealed twice")
-            job.values = seal_values(rows, job.keys)
+            job.values = seal_values(rows, job.keys, job.checksums)
         except BaseException as error:  # noqa: BLE001 (a batch never kills the writer)
             self._keep(error)
             job.land(job.keys)
@@ -190,11 +203,11 @@ class Writer:
         except BaseException as error:  # noqa: BLE001
             self._keep(error)
             for job in jobs:
-                job.land(job.keys)
+                job.land(job.keys, put=True)
         else:
             results = iter(answers)
             for job in jobs:
-                job.land([key for key in job.keys if next(results) is not True])
+                job.land([key for key in job.keys if next(results) is not True], put=True)
         finally:
             self._done(jobs)
 

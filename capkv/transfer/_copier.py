@@ -27,7 +27,7 @@ from capkv.transfer._cpu import CpuCopies
 from capkv.transfer._cuda import DEFAULT_STAGING_BYTES, CudaCopies
 from capkv.transfer._handle import FINISHED, CopyHandle
 from capkv.transfer._layout import GroupRuns, KVLayout
-from capkv.transfer._runs import storage_words, widest_word
+from capkv.transfer._runs import storage_words, widest_word, word_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -125,28 +125,31 @@ class BlockCopier:
     def _rows(self, runs: GroupRuns, rows: torch.Tensor, count: int, method: str) -> tuple[int, torch.Tensor]:
         """The widest word both sides allow, and ``rows`` viewed as ``(count, runs, run_words)``."""
         needed = runs.block_nbytes
+        shape = rows.shape
         if (
             rows.dtype != torch.uint8
-            or rows.dim() != 2
+            or len(shape) != 2
             or rows.device.type != "cpu"
-            or rows.shape[0] != count
-            or rows.shape[1] < needed
-            or (rows.shape[1] > 1 and rows.stride(1) != 1)
+            or shape[0] != count
+            or shape[1] < needed
+            or (shape[1] > 1 and rows.stride(1) != 1)
         ):
             raise ContractError(
                 f"{self._owner}.{method}: group {runs.index} needs host rows as a cpu uint8 tensor of shape "
-                f"({count}, >= {needed}) with contiguous rows; got {rows.dtype} {tuple(rows.shape)} "
+                f"({count}, >= {needed}) with contiguous rows; got {rows.dtype} {tuple(shape)} "
                 f"strides {rows.stride()} on {rows.device}",
-                connector=self._owner, method=method, group=runs.index, value=tuple(rows.shape),
+                connector=self._owner, method=method, group=runs.index, value=tuple(shape),
             )
         offset = int(rows.storage_offset())
         row_stride = int(rows.stride(0))
-        start = rows.untyped_storage().data_ptr() + offset
-        word = widest_word(runs.alignment, start, offset, row_stride, runs.run_nbytes)
+        word = widest_word(runs.alignment, rows.data_ptr(), offset, row_stride, runs.run_nbytes)
         width = runs.run_nbytes // word
-        view = storage_words(rows, word).as_strided(
-            (count, runs.runs_per_block, width), (row_stride // word, width, 1), offset // word
-        )
+        if count == 1 or row_stride >= needed:  # rows apart: a view by dtype, no storage round trip
+            view = rows[:, :needed].view(word_dtype(word)).view(count, runs.runs_per_block, width)
+        else:
+            view = storage_words(rows, word).as_strided(
+                (count, runs.runs_per_block, width), (row_stride // word, width, 1), offset // word
+            )
         return word, view
 
 

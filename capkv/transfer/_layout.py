@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from capkv._homes import publish
@@ -56,12 +57,12 @@ class GroupRuns:
         default_factory=lambda: dict[int, tuple[tuple[int, torch.Tensor], ...]]()
     )
 
-    @property
+    @cached_property
     def block_nbytes(self) -> int:
         """Bytes of one block of this group, all layers together."""
         return sum(layer.block_nbytes for layer in self.layers)
 
-    @property
+    @cached_property
     def alignment(self) -> int:
         """The widest word every plane of this group can be read in."""
         return widest_word(*(layer.alignment for layer in self.layers))
@@ -71,7 +72,7 @@ class GroupRuns:
         """Bytes of one run; the same for every layer of the group."""
         return self.layers[0].run_nbytes
 
-    @property
+    @cached_property
     def runs_per_block(self) -> int:
         """Runs making up one block of the group (layers x outer indices)."""
         return sum(len(layer.run_offsets) for layer in self.layers)

@@ -143,3 +143,33 @@ def test_a_file_store_writer_survives_a_failure_after_the_pack_is_written(tmp_pa
     connector.flush()
     assert engine.run("third", PROMPT + [2]).hit_tokens == 96
     connector.close()
+
+
+def test_save_rows_are_reused_only_once_their_write_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saves gather into host rows the store keeps: rows go back for reuse only after the backend's
+    ``put`` returned, so saves started while a write is stuck get other rows, and every value lands intact."""
+    from capkv.transfer import BlockCopier
+
+    allocations: list[int] = []
+    host_rows = BlockCopier.host_rows
+    monkeypatch.setattr(
+        BlockCopier, "host_rows", lambda self, n, size: allocations.append(n * size) or host_rows(self, n, size)
+    )
+    backend = Faulty()
+    backend.hold = threading.Event()  # every put waits until the test releases it
+    engine = _engine(backend)
+    other = tokens(31, 100)
+    engine.run("first", PROMPT)  # its rows are held by the stuck put
+    engine.run("second", other)  # gathered meanwhile: into other rows, or the first values would change
+    backend.hold.set()
+    engine.connector.flush()
+    assert len(backend.values) == 2 * BLOCKS
+    engine.step()
+    before = len(allocations)
+    assert engine.run("third", tokens(32, 100)).hit_tokens == 0  # saves of the same sizes: rows reused
+    engine.connector.flush()
+    assert len(allocations) == before
+    for name, prompt in (("first again", PROMPT), ("second again", other)):  # bit-exact, checked by the engine
+        run = engine.run(name, prompt + [1])
+        assert run.hit_tokens == 96 and run.load_errors == {}
+    engine.connector.close()

@@ -1,0 +1,187 @@
+"""A step's loads, chunk by chunk: read into reused host rows, check while hot, scatter.
+
+Every backend's loads take this one path. The step's blocks are cut into
+chunks of one group (about :data:`~capkv.stores._staging.DEFAULT_CHUNK_BYTES`
+each, across requests); each chunk is read into a slot of the
+:class:`~capkv.stores._staging.StagingRing` — by the backend itself when it
+:class:`~capkv.stores._backend.ReadsInto` buffers (one ``get_into`` per chunk),
+else copied from the values of one ``get`` for the whole step (one round trip)
+— then every value in it is checked (:func:`~capkv.stores._value.check_memory`:
+key, layout, length, checksum) while its bytes are still in the CPU's cache,
+and only the values that pass are scattered into the KV cache, in one batched
+copy per chunk. So a load passes over the bytes in memory as often as a plain
+read does, and a damaged value never reaches the KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
+
+from capkv.errors import ContractError
+from capkv.stores._backend import Backend, ReadsInto, StoreKey
+from capkv.stores._keys import BlockKey
+from capkv.stores._metadata import BlockMove
+from capkv.stores._staging import StagingRing
+from capkv.stores._value import HEADER_SIZE, ValueCheck, check_memory
+
+if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
+    import capkv.transfer._copier
+    import capkv.transfer._handle
+
+__all__ = ["Chunk", "LoadOutcome", "check_answers", "load_chunks", "plan_chunks"]
+
+
+class Chunk:
+    """Blocks of one group loaded together: engine block ids (distinct), their keys, their requests."""
+
+    __slots__ = ("block_ids", "group", "keys", "requests")
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+        self.block_ids: list[int] = []
+        self.keys: list[StoreKey] = []
+        self.requests: list[str] = []
+
+
+class LoadOutcome:
+    """What a step's loads did: per group the blocks that failed, the requests they belong to, the
+    values to delete (damaged), what a backend raised, and counts."""
+
+    __slots__ = ("damaged", "errors", "failed_requests", "foreign", "handles", "loaded", "loaded_bytes", "read_failure")
+
+    def __init__(self) -> None:
+        self.errors: dict[int, set[int]] = {}
+        self.failed_requests: set[str] = set()
+        self.damaged: list[StoreKey] = []
+        self.foreign = 0
+        self.loaded = 0
+        self.loaded_bytes = 0
+        self.read_failure: Exception | None = None
+        self.handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
+
+
+def plan_chunks(
+    loads: Sequence[BlockMove], store_key: Callable[[BlockKey], StoreKey], value_sizes: Sequence[int], ring: StagingRing
+) -> list[Chunk]:
+    """The step's loads as chunks: per group in the order the moves list them, each at most a ring
+    chunk (one value at least), never one engine block twice in a chunk (one scatter call)."""
+    chunks: list[Chunk] = []
+    current: dict[int, tuple[Chunk, set[int], int]] = {}
+    for move in loads:
+        group = move.group
+        entry = current.get(group)
+        for block_id, key in zip(move.block_ids, move.keys, strict=True):
+            if entry is None or len(entry[0].keys) == entry[2] or block_id in entry[1]:
+                entry = (Chunk(group), set[int](), ring.rows_per_chunk(value_sizes[group]))
+                current[group] = entry
+                chunks.append(entry[0])
+            chunk = entry[0]
+            entry[1].add(block_id)
+            chunk.block_ids.append(block_id)
+            chunk.keys.append(store_key(key))
+            chunk.requests.append(move.request_id)
+    return chunks
+
+
+def load_chunks(
+    chunks: Sequence[Chunk], backend: Backend, copier: capkv.transfer._copier.BlockCopier, ring: StagingRing,
+    *, owner: str,
+) -> LoadOutcome:
+    """Read, check and scatter ``chunks``; the scatters' handles are in the outcome (order the engine's
+    stream after them). A backend that raises fails every block not read yet (kept in the outcome)."""
+    outcome = LoadOutcome()
+    reads = _Reads(backend, chunks, owner, outcome)
+    for chunk in chunks:
+        size = HEADER_SIZE + copier.block_nbytes(chunk.group)
+        count = len(chunk.keys)
+        rows, memory = ring.take(count, size)
+        lengths = reads.next(chunk, memory, size)
+        results = check_memory(memory, size, chunk.keys, lengths)
+        good = [index for index, result in enumerate(results) if result is ValueCheck.OK]
+        if len(good) != count:
+            _tally_failures(chunk, results, outcome)
+        if good:
+            payloads = (rows if len(good) == count else rows[good])[:, HEADER_SIZE:]
+            handle = copier.scatter(chunk.group, [chunk.block_ids[i] for i in good], payloads)
+            ring.hold(handle)
+            outcome.handles.append(handle)
+            outcome.loaded += len(good)
+            outcome.loaded_bytes += len(good) * (size - HEADER_SIZE)
+    return outcome
+
+
+def _tally_failures(chunk: Chunk, results: list[ValueCheck], outcome: LoadOutcome) -> None:
+    failed = outcome.errors.setdefault(chunk.group, set())
+    for index, result in enumerate(results):
+        if result is ValueCheck.OK:
+            continue
+        failed.add(chunk.block_ids[index])
+        outcome.failed_requests.add(chunk.requests[index])
+        if result is ValueCheck.DAMAGED:
+            outcome.damaged.append(chunk.keys[index])
+        elif result is ValueCheck.FOREIGN:
+            outcome.foreign += 1
+
+
+class _Reads:
+    """The backend's side of a load: ``get_into`` per chunk, or one ``get`` for the whole step."""
+
+    __slots__ = ("_backend", "_into", "_outcome", "_owner", "_values")
+
+    def __init__(self, backend: Backend, chunks: Sequence[Chunk], owner: str, outcome: LoadOutcome) -> None:
+        self._backend = backend
+        self._owner = owner
+        self._outcome = outcome
+        self._into = isinstance(backend, ReadsInto)
+        self._values: list[bytes | bytearray | memoryview | None] = []
+        if not self._into:
+            keys = [key for chunk in chunks for key in chunk.keys]
+            try:
+                values = list(backend.get(keys))
+                check_answers(owner, "get", values, keys)
+            except Exception as error:  # noqa: BLE001 (a backend fault is this step's load error)
+                self._fail(error)
+            else:
+                values.reverse()  # taken from the end, chunk by chunk
+                self._values = values
+
+    def _fail(self, error: Exception) -> None:
+        error.__traceback__ = None
+        self._outcome.read_failure = error
+
+    def next(self, chunk: Chunk, memory: memoryview, size: int) -> list[int | None]:
+        """Per key of ``chunk``, how many bytes of its value are in its row of ``memory`` (``None``: a miss)."""
+        keys = chunk.keys
+        if self._outcome.read_failure is not None:
+            return [None] * len(keys)
+        if self._into:
+            try:
+                buffers = [memory[i * size : (i + 1) * size] for i in range(len(keys))]
+                lengths = list(cast("ReadsInto", self._backend).get_into(keys, buffers))
+                check_answers(self._owner, "get_into", lengths, keys)
+            except Exception as error:  # noqa: BLE001
+                self._fail(error)
+                return [None] * len(keys)
+            return [length if type(length) is int else None for length in lengths]
+        read: list[int | None] = []
+        for index in range(len(keys)):
+            value = self._values.pop()
+            if value is None:
+                read.append(None)
+                continue
+            data = memoryview(value).cast("B")
+            count = min(len(data), size)
+            start = index * size
+            memory[start : start + count] = data[:count]
+            read.append(len(data))
+        return read
+
+
+def check_answers(owner: str, method: str, answers: Sequence[object], keys: Sequence[object]) -> None:
+    """A backend answered one result per key, or it broke the contract."""
+    if len(answers) != len(keys):
+        raise ContractError(
+            f"{owner}: the backend's {method} answered {len(answers)} results for {len(keys)} keys",
+            connector=owner, method=method, value=len(answers),
+        )
