@@ -4,37 +4,88 @@ from __future__ import annotations
 
 import pytest
 
-from capkv import ContractError, MetadataError
+from capkv import MetadataError
 from capkv.connectors import SaveReport
 
 
-def test_load_errors_flatten_losslessly() -> None:
-    from capkv.adapters.vllm._translate import flat_load_errors
+def test_a_load_reported_asynchronous_with_several_groups_is_finished_and_failed_by_request() -> None:
+    """Several groups: vLLM hears every load as asynchronous; the worker reports it finished in the
+    step it ran, failed when a block of it failed, and never a flat block id."""
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
 
-    assert flat_load_errors({0: {3, 4}, 1: {7}}) == {3, 4, 7}
-    assert flat_load_errors({}) == set()
+    spec = KVSpec(num_groups=2, num_blocks=64, groups=(KVGroupSpec(block_size=16),) * 2)
+    planner, tracker = LoadPlanner(spec), LoadTracker(spec, owner="host")
+    assert planner.answer("a", 0, 32, False) == (32, True)
+    assert planner.answer("b", 16, 16, False) == (16, True)
+    assert planner.answer("c", 0, 0, False) == (0, False)
+    planner.allocated("a", ([1, 2, 3], [4, 5, 6]), 32)
+    planner.allocated("b", ([7, 8], [9, 10]), 16)
+    planner.allocated("c", ([11], [12]), 0)
+    loads = planner.take()
+    assert [(p.request_id, p.host_async) for p in loads] == [("a", True), ("b", True)]
+    tracker.bind(loads)
+    assert tracker.host_async_in_step
+    settled = tracker.settle(None, {1: {5}})
+    assert (settled.finished_recving, settled.failed_recving, settled.flat_errors) == ({"a", "b"}, {"a"}, set())
+    assert (settled.landed, settled.failed, settled.errors) == (frozenset({"b"}), frozenset({"a"}), {1: {5}})
+    # the scheduler side: the stack never expected these receives; "a" is never offered a load again
+    assert planner.reported({"a", "b"}, settled.landed, settled.failed) == frozenset()
+    assert planner.refuses("a") and not planner.refuses("b")
+    # a late error (the load is over) is dropped and counted, never raised
+    assert tracker.settle(None, {0: {1}}).errors == {} and tracker.dropped == 1
 
 
-def test_flat_load_errors_are_attributed_from_loading_block_tables() -> None:
-    from capkv.adapters.vllm._translate import LoadingBlocks
+def test_a_request_finishing_before_its_load_is_confirmed_hands_over_no_loaded_block() -> None:
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner
 
-    loading = LoadingBlocks("CapkvHMAConnector")
-    loading.record("a", ([1, 2], [0, 5]), null_block_id=0)
-    assert loading.attribute({2, 5}, method="m") == {0: frozenset({2}), 1: frozenset({5})}
-    with pytest.raises(ContractError, match="block 9, which no request with a planned load holds") as caught:
-        loading.attribute({9}, method="update_connector_output")
-    assert (caught.value.connector, caught.value.method, caught.value.value) == (
-        "CapkvHMAConnector", "update_connector_output", 9,
-    )
-    with pytest.raises(ContractError):
-        loading.attribute({0}, method="m")  # the null block is never loaded: it belongs to no group
-    loading.record("b", ([], [2]), null_block_id=0)  # block 2 freed by "a" (preempted) and reused in group 1
-    assert loading.attribute({2}, method="m") == {1: frozenset({2})}
-    loading.forget("a")  # "a" finishing does not take "b"'s block away
-    assert loading.attribute({2}, method="m") == {1: frozenset({2})}
-    loading.forget("b")
-    with pytest.raises(ContractError):
-        loading.attribute({2}, method="m")
+    spec = KVSpec(num_groups=2, num_blocks=64, groups=(KVGroupSpec(block_size=16),) * 2)
+    planner = LoadPlanner(spec)
+    planner.answer("a", 16, 32, False)
+    planner.allocated("a", ([1, 2, 3], [4, 5, 6]), 32)
+    planner.take()
+    assert planner.finishing("a", ([1, 2, 3], [4, 5, 6])) == ([1, 0, 0], [4, 0, 0])
+    planner.answer("b", 0, 16, False)
+    planner.allocated("b", ([7, 8], [9, 10]), 16)
+    planner.reported((), {"b"}, ())
+    assert planner.finishing("b", ([7, 8], [9, 10])) == ([7, 8], [9, 10])  # confirmed: every block is real
+
+
+def test_one_group_reports_flat_block_ids_for_sync_and_async_loads() -> None:
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
+
+    spec = KVSpec(num_groups=1, num_blocks=64, groups=(KVGroupSpec(block_size=16),) * 1)
+    planner, tracker = LoadPlanner(spec), LoadTracker(spec, owner="host")
+    assert planner.answer("sync", 0, 32, False) == (32, False)
+    assert planner.answer("async", 0, 32, True) == (32, True)
+    planner.allocated("sync", ([1, 2],), 32)
+    planner.allocated("async", ([3, 4],), 32)
+    tracker.bind(planner.take())
+    first = tracker.settle(None, {0: {2, 4}})
+    assert (first.finished_recving, first.failed_recving, first.flat_errors) == (set(), set(), {2, 4})
+    assert (first.landed, first.failed) == (frozenset(), frozenset({"sync"}))
+    second = tracker.settle({"async"}, {})  # the asynchronous load ends a step later: failed then
+    assert (second.finished_recving, second.failed) == ({"async"}, frozenset({"async"}))
+
+
+def test_a_step_whose_loads_could_not_run_fails_every_one_of_them() -> None:
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
+
+    spec = KVSpec(num_groups=2, num_blocks=64, groups=(KVGroupSpec(block_size=16),) * 2)
+    planner, tracker = LoadPlanner(spec), LoadTracker(spec, owner="host")
+    planner.answer("a", 0, 16, False)
+    planner.allocated("a", ([1, 0], [2, 3]), 16)
+    tracker.bind(planner.take())
+    tracker.fail_step()
+    settled = tracker.settle(None, {})
+    assert (settled.failed_recving, settled.errors) == ({"a"}, {0: {1}, 1: {2, 3}})
+    planner.answer("b", 0, 16, False)
+    planner.allocated("b", ([4], [5]), 16, failed=True)  # a child failed planning it
+    tracker.bind(planner.take())
+    assert tracker.settle(None, {}).failed == frozenset({"b"})
 
 
 def test_stats_merge_per_child_and_reduce() -> None:
@@ -58,10 +109,13 @@ def test_worker_metadata_travels_in_a_vllm_envelope() -> None:
 
     from capkv.adapters.vllm._translate import HostWorkerMetadata
 
-    one = HostWorkerMetadata(SaveReport(loaded_through=3))
-    two = HostWorkerMetadata(SaveReport(loaded_through=5))
+    one = HostWorkerMetadata(SaveReport(loaded_through=3), {0: frozenset({1})}, frozenset({"a", "b"}), frozenset())
+    two = HostWorkerMetadata(None, {0: frozenset({2}), 1: frozenset({3})}, frozenset({"a"}), frozenset({"b"}))
     assert isinstance(one, KVConnectorWorkerMetadata)
-    assert one.aggregate(two).inner == SaveReport(loaded_through=3)
+    merged = one.aggregate(two)
+    assert merged.inner == SaveReport(loaded_through=3)
+    assert merged.errors == {0: frozenset({1, 2}), 1: frozenset({3})}
+    assert (merged.landed, merged.failed) == (frozenset({"a"}), frozenset({"b"}))  # failed on any worker: failed
 
     class Foreign(KVConnectorWorkerMetadata):
         def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
@@ -75,21 +129,28 @@ def test_vllm_output_becomes_capkv_output() -> None:
     from vllm.v1.outputs import KVConnectorOutput
 
     from capkv import KVConnectorOutput as CapkvOutput
-    from capkv.adapters.vllm._translate import HostWorkerMetadata, LoadingBlocks, to_capkv_output
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner
+    from capkv.adapters.vllm._translate import HostWorkerMetadata, to_capkv_output
 
-    loading = LoadingBlocks("CapkvConnector")
-    loading.record("r", ([4, 5],), null_block_id=0)
+    planner = LoadPlanner(KVSpec(num_groups=1, num_blocks=8, groups=(KVGroupSpec(block_size=16),) * 1))
     report = SaveReport(loaded_through=1)
     vllm_output = KVConnectorOutput(
-        finished_sending={"s"}, finished_recving=None, kv_connector_worker_meta=HostWorkerMetadata(report),
+        finished_sending={"s"}, finished_recving=None,
+        kv_connector_worker_meta=HostWorkerMetadata(report, {0: frozenset({5})}, frozenset(), frozenset({"r"})),
         invalid_block_ids={5},
     )
-    assert to_capkv_output(vllm_output, loading, owner="CapkvConnector") == CapkvOutput(
+    got = to_capkv_output(vllm_output, planner, owner="CapkvConnector")
+    assert CapkvOutput(
+        finished_sending=got.finished_sending, finished_recving=got.finished_recving, worker_meta=got.worker_meta,
+        invalid_block_ids=got.invalid_block_ids,
+    ) == CapkvOutput(
         finished_sending=frozenset({"s"}), finished_recving=frozenset(), worker_meta=report,
         invalid_block_ids={0: frozenset({5})},
     )
+    assert planner.refuses("r")
     with pytest.raises(MetadataError, match="expected HostWorkerMetadata from the workers"):
-        to_capkv_output(KVConnectorOutput(kv_connector_worker_meta=report), loading, owner="CapkvConnector")  # type: ignore[arg-type]
+        to_capkv_output(KVConnectorOutput(kv_connector_worker_meta=report), planner, owner="CapkvConnector")  # type: ignore[arg-type]
 
 
 def test_class_level_facts_answer_from_the_configured_classes() -> None:
