@@ -88,34 +88,65 @@ def test_a_step_whose_loads_could_not_run_fails_every_one_of_them() -> None:
     assert tracker.settle(None, {}).failed == frozenset({"b"})
 
 
-def test_stats_merge_per_child_and_reduce() -> None:
-    from capkv.adapters.vllm._translate import CapkvStats, merge_counts, stats_data
+def test_stats_travel_in_vllms_types_per_child_class() -> None:
+    """vLLM's composite's shape: per child class, a vLLM child's own stats object, capkv's counters
+    as CapkvStats (whose reduce is every counter), the host's own under "capkv"."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorStats
 
-    scheduler = stats_data({1: {"hit_tokens": 64}})
-    worker = stats_data({1: {"loaded_blocks": 2}, 0: {"saved_blocks": 3}})
-    assert scheduler == {"#2": {"hit_tokens": 64}}
-    merged = CapkvStats(worker).aggregate(CapkvStats(scheduler)).aggregate(CapkvStats(worker))
-    assert merged.data == {"#2": {"loaded_blocks": 4, "hit_tokens": 64}, "#1": {"saved_blocks": 6}}
-    assert merged.reduce() == {"#2.loaded_blocks": 4, "#2.hit_tokens": 64, "#1.saved_blocks": 6}
-    assert stats_data("opaque") == {"stack": "opaque"}
+    from capkv.adapters.vllm._stats import CapkvStats, host_stats, merge_counts, rebuild_stats, stats_data
+
+    class Theirs(KVConnectorStats):
+        def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+            return Theirs({"xfers": self.data["xfers"] + other.data["xfers"]})
+
+        def reduce(self) -> dict[str, int | float]:
+            return {"Num transfers": len(self.data["xfers"])}
+
+    children = [("FileStoreConnector", False), ("ExampleConnector", True), ("FileStoreConnector", False)]
+    stats = host_stats(
+        children, {0: {"loaded_blocks": 2}, 1: Theirs({"xfers": [1.0]}), 2: {"loaded_blocks": 3, "hit_tokens": 64}},
+        {"contained_errors": 1}, composite=True,
+    )
+    assert isinstance(stats, MultiKVConnectorStats)
+    assert stats.reduce() == {
+        "FileStoreConnector": {"loaded_blocks": 5, "hit_tokens": 64},
+        "ExampleConnector": {"Num transfers": 1},
+        "capkv": {"contained_errors": 1},
+    }
+    assert host_stats([("FileStoreConnector", False)], {"saved_blocks": 4}, {}, composite=False) is not None
+    assert host_stats([("FileStoreConnector", False)], None, {}, composite=False) is None
+    # across processes: rebuilt per key; capkv's connectors by capkv's registry, vLLM's by vLLM's
+    rebuilt = rebuild_stats({"FileStoreConnector": {"loaded_blocks": 5}, "capkv": {"contained_errors": 1}})
+    assert rebuilt.data == {"FileStoreConnector": CapkvStats({"loaded_blocks": 5}), "capkv": CapkvStats({"contained_errors": 1})}
+    with pytest.raises(ValueError, match="Connector 'NoSuchConnector' is not registered"):
+        rebuild_stats({"NoSuchConnector": {}})
+    assert stats_data({1: {"hit_tokens": 64}}) == {"#2": {"hit_tokens": 64}}
     assert merge_counts({"a": 1, "b": "x"}, {"a": 2, "b": "y", "c": True}) == {"a": 3, "b": "y", "c": True}
-    assert not merged.is_empty()
-    merged.reset()
-    assert merged.is_empty()
+    nested = CapkvStats({"#2": {"loaded_blocks": 4}})
+    assert nested.reduce() == {"#2.loaded_blocks": 4} and not nested.is_empty()
+    nested.reset()
+    assert nested.is_empty()
 
 
-def test_worker_metadata_travels_in_a_vllm_envelope() -> None:
+def test_worker_metadata_travels_in_vllms_composite_envelope() -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorWorkerMetadata
 
-    from capkv.adapters.vllm._translate import HostWorkerMetadata
+    from capkv.adapters.vllm._translate import HostWorkerMetadata, host_worker_meta, stack_worker_meta
+    from capkv.composite._metadata import MultiWorkerMetadata
 
-    one = HostWorkerMetadata(SaveReport(loaded_through=3), {0: frozenset({1})}, frozenset({"a", "b"}), frozenset())
-    two = HostWorkerMetadata(None, {0: frozenset({2}), 1: frozenset({3})}, frozenset({"a"}), frozenset({"b"}))
-    assert isinstance(one, KVConnectorWorkerMetadata)
+    one = host_worker_meta(SaveReport(loaded_through=3), False, errors={0: frozenset({1})}, landed=frozenset({"a", "b"}))
+    two = host_worker_meta(None, False, errors={0: frozenset({2}), 1: frozenset({3})}, landed=frozenset({"a"}),
+                           failed=frozenset({"b"}))
+    assert isinstance(one, MultiKVConnectorWorkerMetadata) and isinstance(one, KVConnectorWorkerMetadata)
     merged = one.aggregate(two)
-    assert merged.inner == SaveReport(loaded_through=3)
+    assert stack_worker_meta(merged, False) == SaveReport(loaded_through=3)
     assert merged.errors == {0: frozenset({1, 2}), 1: frozenset({3})}
     assert (merged.landed, merged.failed) == (frozenset({"a"}), frozenset({"b"}))  # failed on any worker: failed
+    per_child = host_worker_meta(MultiWorkerMetadata((None, SaveReport(loaded_through=1))), True)
+    assert per_child.metadata == (None, SaveReport(loaded_through=1))  # vLLM's composite's shape
+    assert stack_worker_meta(per_child, True) == MultiWorkerMetadata((None, SaveReport(loaded_through=1)))
 
     class Foreign(KVConnectorWorkerMetadata):
         def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
@@ -123,6 +154,7 @@ def test_worker_metadata_travels_in_a_vllm_envelope() -> None:
 
     with pytest.raises(MetadataError, match="expected another HostWorkerMetadata"):
         one.aggregate(Foreign())
+    assert isinstance(one.aggregate(MultiKVConnectorWorkerMetadata((None,))), HostWorkerMetadata)
 
 
 def test_vllm_output_becomes_capkv_output() -> None:
@@ -131,16 +163,16 @@ def test_vllm_output_becomes_capkv_output() -> None:
     from capkv import KVConnectorOutput as CapkvOutput
     from capkv import KVGroupSpec, KVSpec
     from capkv.adapters.vllm._loads import LoadPlanner
-    from capkv.adapters.vllm._translate import HostWorkerMetadata, to_capkv_output
+    from capkv.adapters.vllm._translate import host_worker_meta, to_capkv_output
 
-    planner = LoadPlanner(KVSpec(num_groups=1, num_blocks=8, groups=(KVGroupSpec(block_size=16),) * 1))
+    planner = LoadPlanner(KVSpec(num_groups=1, num_blocks=8, groups=(KVGroupSpec(block_size=16),)))
     report = SaveReport(loaded_through=1)
     vllm_output = KVConnectorOutput(
         finished_sending={"s"}, finished_recving=None,
-        kv_connector_worker_meta=HostWorkerMetadata(report, {0: frozenset({5})}, frozenset(), frozenset({"r"})),
+        kv_connector_worker_meta=host_worker_meta(report, False, errors={0: frozenset({5})}, failed=frozenset({"r"})),
         invalid_block_ids={5},
     )
-    got = to_capkv_output(vllm_output, planner, owner="CapkvConnector")
+    got = to_capkv_output(vllm_output, planner, composite=False, owner="CapkvConnector")
     assert CapkvOutput(
         finished_sending=got.finished_sending, finished_recving=got.finished_recving, worker_meta=got.worker_meta,
         invalid_block_ids=got.invalid_block_ids,
@@ -150,7 +182,7 @@ def test_vllm_output_becomes_capkv_output() -> None:
     )
     assert planner.refuses("r")
     with pytest.raises(MetadataError, match="expected HostWorkerMetadata from the workers"):
-        to_capkv_output(KVConnectorOutput(kv_connector_worker_meta=report), planner, owner="CapkvConnector")  # type: ignore[arg-type]
+        to_capkv_output(KVConnectorOutput(kv_connector_worker_meta=report), planner, composite=False, owner="CapkvConnector")  # type: ignore[arg-type]
 
 
 def test_class_level_facts_answer_from_the_configured_classes() -> None:

@@ -4,18 +4,20 @@ vLLM builds its connector as ``cls(vllm_config, role, kv_cache_config)``, once
 per role. The host reads the stack from ``kv_connector_extra_config["stack"]``
 (the shape ``capkv check`` reads), refuses what it cannot serve *before building
 anything*, builds the stack for its role over the engine's :class:`~capkv.KVSpec`,
-runs :func:`capkv.check_stack`, and puts it under dev-mode contracts
-(:func:`capkv.devmode.instrument`: the very same object in production).
+checks it, and puts it under dev-mode contracts (:func:`capkv.devmode.instrument`:
+the very same object in production). It asks the built children nothing vLLM
+would not ask them: vLLM's own calls (the finished count, the handshake) reach
+them when vLLM makes them.
 
 Every member vLLM calls is translated: ``KVCacheBlocks`` → one list of block ids
-per group; vLLM's ``KVConnectorOutput`` → capkv's (frozen sets, the stack's
-worker metadata, load errors per group); capkv's per-group load errors → vLLM's
-flat set; metadata, worker metadata and statistics travel in vLLM-typed
-envelopes; the class-level members vLLM calls with arguments
-(``get_required_kvcache_layout(vllm_config)``,
-``requires_piecewise_for_cudagraph(extra_config)``) answer from the configured
-classes. Finishing goes through :func:`capkv.finish_request`, never truncating
-to group 0.
+per group (vLLM's blocks carried along for wrapped vLLM children); vLLM's
+``KVConnectorOutput`` → capkv's; load failures → vLLM's channel for the group
+count (:mod:`._loads`); metadata, worker metadata, handshakes and statistics in
+vLLM's types; the class-level members vLLM calls with arguments answer from the
+configured classes; vLLM's members capkv's contract has no counterpart for go to
+vLLM's connectors in the stack (:mod:`._vllm_calls`). Finishing goes through
+:func:`capkv.finish_request`, never truncating to group 0. During serving a
+child's exception ends the requests it concerns, never the engine (:mod:`._contain`).
 
 vLLM decides its hybrid allocator from the host *class* (``issubclass`` of its
 ``SupportsHMA``), so there are two: ``CapkvHMAConnector`` is one and takes only
@@ -27,45 +29,49 @@ vLLM turns HMA off (one group) and any stack serves.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Generator, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar, cast
 
 import torch
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
     SupportsHMA,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorStats
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
-from capkv.adapters.vllm._carry import block_ids_from_vllm
+from capkv.adapters.vllm._carry import PPHandshakes, block_ids_from_vllm
 from capkv.adapters.vllm._child import vllm_connectors
 from capkv.adapters.vllm._contain import Contained
 from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker, Settled
 from capkv.adapters.vllm._spec import engine_spec, registered_caches
-from capkv.adapters.vllm._stack import Engine, build_hosted, configured_fact, load_hosted
+from capkv.adapters.vllm._stack import Engine, build_hosted, child_vllm_config, configured_fact, load_hosted
+from capkv.adapters.vllm._stats import HostPromMetrics, host_stats, merge_counts, rebuild_stats
 from capkv.adapters.vllm._translate import (
     SITS_OUT,
-    CapkvStats,
     HostHandshake,
     HostMetadata,
     HostWorkerMetadata,
-    merge_counts,
-    stats_data,
+    host_worker_meta,
     to_capkv_output,
 )
+from capkv.adapters.vllm._vllm_calls import VllmOnlyMembers, leaves, wrapped_vllm
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
+from capkv.capabilities._hma import StackNode
 from capkv.capabilities._serving import finish_request, require_hma
 from capkv.config._hosts import HMA_HOST, PLAIN_HOST, require_host_capability, stack_config
+from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import AttentionMetadata, BlockIds, ForwardContext, KVTransferParams, WorkerMetadata
 from capkv.contracts._engine import KVConnectorOutput as CapkvKVConnectorOutput
@@ -76,43 +82,77 @@ from capkv.errors import ConflictError, FinishError, MetadataError, SubConnector
 __all__ = ["CapkvConnector", "CapkvHMAConnector"]
 
 
-class CapkvConnector(KVConnectorBase_V1):
+class CapkvConnector(VllmOnlyMembers):
     """A capkv stack inside vLLM, without HMA: vLLM turns its hybrid allocator off, so any stack serves."""
 
     HOST: ClassVar[str] = PLAIN_HOST
     """The host class's name in diagnostics and configurations."""
+    INHERIT_ROLE: ClassVar[bool] = True
+    """A vLLM child without a ``kv_role`` takes the host's."""
 
     stack: KVConnector
     """The hosted stack, built for this role (instrumented in dev mode)."""
-    spec: KVSpec
-    """The engine's KV cache as the stack sees it."""
+    spec: KVSpec | None
+    """The engine's KV cache as the stack sees it (``None``: vLLM's placeholder config without a group)."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         host = self.HOST
         transfer = vllm_config.kv_transfer_config
-        extra = None if transfer is None else transfer.kv_connector_extra_config
-        configured = load_hosted(stack_config(extra, host=host))
-        require_host_capability(host, configured)  # from the classes, before anything is built
-        self.spec = engine_spec(kv_cache_config, owner=host)
-        built = build_hosted(configured, Engine(vllm_config, role, kv_cache_config, self.spec))
-        require_host_capability(host, built)  # the built children have the last word
-        require_hma(built, self.spec)
-        told = configured_fact(configured, LAYOUT, vllm_config=vllm_config)
-        needed = cast("KVConnector", built).get_required_kvcache_layout()
-        if needed is not None and needed != told:
-            raise ConflictError(
-                f"{host}: the stack needs the {needed!r} KV-cache layout, but its classes told vLLM "
-                f"{'nothing' if told in (None, NEEDS_INSTANCE) else repr(told)} when vLLM chose its layout; "
-                "declare the layout class-level (@capkv.class_level) in the child that needs it",
-                connector=host, method="get_required_kvcache_layout", value=needed,
-            )
-        self.stack = instrument(cast("KVConnector", built), self.spec)
+        configured = self._configured(None if transfer is None else transfer.kv_connector_extra_config)
+        self._check_configured(configured)  # from the classes, before anything is built
+        groups = len(kv_cache_config.kv_cache_groups)
+        self.spec = engine_spec(kv_cache_config, owner=host) if groups else None
+        built = self._build(configured, Engine(vllm_config, role, kv_cache_config, self.spec, self.INHERIT_ROLE))
+        self._check_built(built)  # the built children have the last word
+        require_hma(built, max(groups, 1))
+        if configured is not None:
+            told = configured_fact(configured, LAYOUT, vllm_config=vllm_config)
+            needed = cast("KVConnector", built).get_required_kvcache_layout()
+            if needed is not None and needed != told:
+                raise ConflictError(
+                    f"{host}: the stack needs the {needed!r} KV-cache layout, but its classes told vLLM "
+                    f"{'nothing' if told in (None, NEEDS_INSTANCE) else repr(told)} when vLLM chose its layout; "
+                    "declare the layout class-level (@capkv.class_level) in the child that needs it",
+                    connector=host, method="get_required_kvcache_layout", value=needed,
+                )
+        self._bind_stack(built)
+
+    # ---- the hosted stack ---------------------------------------------------------------
+
+    @classmethod
+    def _configured(cls, extra: Mapping[str, Any] | None) -> ConfiguredNode | None:
+        """The hosted stack's classes, from the host's ``kv_connector_extra_config``."""
+        return load_hosted(stack_config(extra, host=cls.HOST))
+
+    def _check_configured(self, configured: ConfiguredNode | None) -> None:
+        require_host_capability(self.HOST, configured)
+
+    def _check_built(self, built: object) -> None:
+        require_host_capability(self.HOST, built)
+
+    def _build(self, configured: ConfiguredNode | None, engine: Engine) -> object:
+        if configured is None:
+            raise MetadataError(f"{self.HOST}: no stack is configured", connector=self.HOST, method="__init__")
+        return build_hosted(configured, engine)
+
+    def _bind_stack(self, built: object) -> None:
+        """Serve ``built`` from now on (what vLLM's calls go to)."""
+        host = self.HOST
+        spec: KVSpec | None = getattr(self, "spec", None)
+        stack = cast("KVConnector", built)
+        self._built = built
+        self.stack = stack if spec is None else instrument(stack, spec)
+        self._composite = isinstance(built, StackNode)
         self._vllm_children = vllm_connectors(built)
         """vLLM's connectors in the stack: the calls capkv's contract has no member for go to them."""
-        self._planner = LoadPlanner(self.spec)
-        self._tracker = LoadTracker(self.spec, owner=host)
-        self._layer_names = tuple(name for group in self.spec.groups for name in group.layer_names)
+        all_leaves = list(leaves(built))
+        self._only_vllm = bool(all_leaves) and all(wrapped_vllm(leaf) is not None for leaf in all_leaves)
+        tops = cast("StackNode", built).children if self._composite else (built,)
+        self._stat_keys = [(_stats_key(child), wrapped_vllm(child) is not None) for child in tops]
+        self._planner = LoadPlanner(spec)
+        self._tracker = LoadTracker(spec, owner=host)
+        self._layer_names = () if spec is None else tuple(n for g in spec.groups for n in g.layer_names)
         self._contained = Contained(host)
         self._sits_out = False
         """The stack's metadata for this step could not be built or bound: it sits the step out."""
@@ -126,19 +166,48 @@ class CapkvConnector(KVConnectorBase_V1):
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         """The layout the stack's classes agree on (``None``: no preference, or only instances know)."""
         transfer = vllm_config.kv_transfer_config
-        extra = None if transfer is None else transfer.kv_connector_extra_config
-        answer = configured_fact(load_hosted(stack_config(extra, host=cls.HOST)), LAYOUT, vllm_config=vllm_config)
+        configured = cls._configured(None if transfer is None else transfer.kv_connector_extra_config)
+        if configured is None:
+            return None
+        answer = configured_fact(configured, LAYOUT, vllm_config=vllm_config)
         return None if answer is NEEDS_INSTANCE else cast("str | None", answer)
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """Whether any child needs piecewise CUDA graphs; yes when a class cannot say (always safe)."""
-        answer = configured_fact(load_hosted(stack_config(extra_config, host=cls.HOST)), PIECEWISE, vllm_config=None)
+        configured = cls._configured(extra_config)
+        if configured is None:
+            return False
+        answer = configured_fact(configured, PIECEWISE, vllm_config=None)
         return True if answer is NEEDS_INSTANCE else bool(answer)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
-        return CapkvStats(dict(data or {}))
+        """vLLM's per-child statistics, rebuilt from what crossed a process boundary."""
+        return rebuild_stats(data)
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[Any], type[Any]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        """vLLM children's Prometheus metrics (one per class, as vLLM builds them) and capkv's counters."""
+        transfer = vllm_config.kv_transfer_config
+        configured = cls._configured(None if transfer is None else transfer.kv_connector_extra_config)
+        children: dict[str, KVConnectorPromMetrics] = {}
+        for leaf in _configured_leaves(configured):
+            if leaf.cls.__name__ in children or not issubclass(leaf.cls, KVConnectorBase_V1):
+                continue
+            built = leaf.cls.build_prom_metrics(
+                child_vllm_config(vllm_config, leaf, inherit_role=cls.INHERIT_ROLE),
+                metric_types, labelnames, per_engine_labelvalues,
+            )
+            if built is not None:
+                children[leaf.cls.__name__] = cast("KVConnectorPromMetrics", built)
+        return HostPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues, children)
 
     # ---- scheduler side ---------------------------------------------------------------
 
@@ -184,9 +253,9 @@ class CapkvConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         stats = connector_output.kv_connector_stats
-        if isinstance(stats, CapkvStats):
-            self._totals = merge_counts(self._totals, stats.data)
-        output = to_capkv_output(connector_output, self._planner, owner=self.HOST)
+        if isinstance(stats, MultiKVConnectorStats):
+            self._totals = merge_counts(self._totals, stats.to_dict())
+        output = to_capkv_output(connector_output, self._planner, composite=self._composite, owner=self.HOST)
         try:
             self.stack.update_connector_output(output)
         except Exception as exc:
@@ -216,22 +285,25 @@ class CapkvConnector(KVConnectorBase_V1):
             return []
 
     def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
-        """The workers' handshakes: the stack's own part to the stack; their registration reports
-        to the stack as a step's worker metadata, before any request is scheduled."""
-        inner: dict[int, Any] = {}
+        """The workers' handshakes by tensor-parallel rank (the first pipeline stage's)."""
+        self.set_xfer_handshake_metadata_pp_aware({(0, rank): meta for rank, meta in metadata.items()})
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[tuple[int, int], Any]) -> None:
+        """Every child learns the workers' handshakes, vLLM's children with vLLM's
+        ``(pp_rank, tp_rank)`` keys (as vLLM does, also when there are none); what the stack's
+        worker side reported since the KV caches were registered goes to the stack as a step's
+        worker metadata, before any request is scheduled."""
+        inner: dict[tuple[int, int], Any] = {}
         reports: list[WorkerMetadata] = []
         for rank, shake in metadata.items():
-            if not isinstance(shake, HostHandshake):
-                raise MetadataError(
-                    f"{self.HOST}.set_xfer_handshake_metadata: expected HostHandshake from worker {rank}, got {shake!r}",
-                    connector=self.HOST, method="set_xfer_handshake_metadata", value=shake,
-                )
-            if shake.inner is not None:
-                inner[rank] = shake.inner
-            if shake.worker_meta is not None:
-                reports.append(shake.worker_meta)
-        if inner:
-            self.stack.set_xfer_handshake_metadata(inner)
+            if isinstance(shake, HostHandshake):
+                if shake.inner is not None:
+                    inner[rank] = shake.inner
+                if shake.worker_meta is not None:
+                    reports.append(shake.worker_meta)
+            else:
+                inner[rank] = shake
+        self.stack.set_xfer_handshake_metadata(PPHandshakes.of(inner))
         if reports:
             merged = functools.reduce(lambda a, b: a.aggregate(b), reports)
             self.stack.update_connector_output(CapkvKVConnectorOutput(worker_meta=merged))
@@ -242,10 +314,11 @@ class CapkvConnector(KVConnectorBase_V1):
     # ---- worker side ------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self.stack.register_kv_caches(registered_caches(self.spec, kv_caches, owner=self.HOST))
+        spec = self.spec
+        self.stack.register_kv_caches(kv_caches if spec is None else registered_caches(spec, kv_caches, owner=self.HOST))
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
-        super().bind_connector_metadata(connector_metadata)
+        KVConnectorBase_V1.bind_connector_metadata(self, connector_metadata)
         metadata = self._host_metadata(connector_metadata, "bind_connector_metadata")
         tracker = self._tracker
         tracker.bind(metadata.loads)
@@ -260,7 +333,7 @@ class CapkvConnector(KVConnectorBase_V1):
             tracker.fail_step()
 
     def clear_connector_metadata(self) -> None:
-        super().clear_connector_metadata()
+        KVConnectorBase_V1.clear_connector_metadata(self)
         if self._sits_out:
             return
         try:
@@ -366,36 +439,49 @@ class CapkvConnector(KVConnectorBase_V1):
             meta = None
         settled, self._settled = self._settled, None
         if settled is None or not (settled.errors or settled.landed or settled.failed):
-            return None if meta is None else HostWorkerMetadata(meta)
+            return None if meta is None else host_worker_meta(meta, self._composite)
         errors = {group: frozenset(ids) for group, ids in settled.errors.items()}
-        return HostWorkerMetadata(meta, errors, settled.landed, settled.failed)
+        return host_worker_meta(meta, self._composite, errors=errors, landed=settled.landed, failed=settled.failed)
 
-    def get_handshake_metadata(self) -> HostHandshake | None:
-        """The stack's handshake, with what its worker side has to report since the KV caches were
-        registered (vLLM asks once, after registering them, before serving)."""
-        inner = self.stack.get_handshake_metadata()
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        """The stack's handshake metadata (a vLLM child's as vLLM's composite gives it: the first there
+        is), with what capkv's children have to report once the KV caches are registered (a store's
+        memory layout, without which a scheduler side that never sees a tensor cannot offer blocks)."""
+        inner = cast("KVConnectorHandshakeMetadata | None", self.stack.get_handshake_metadata())
+        if self._only_vllm:
+            return inner
         try:
-            report = self.stack.build_connector_worker_meta()
+            with _vllm_children_quiet(self._built):  # vLLM's children are not asked for worker metadata here
+                report = self.stack.build_connector_worker_meta()
         except Exception as exc:
             self._contained("build_connector_worker_meta", exc, "the registration report is lost")
             report = None
-        return None if inner is None and report is None else HostHandshake(inner, report)
+        return inner if report is None else HostHandshake(inner, report)
 
     def get_mem_pool_context(self) -> AbstractContextManager[object] | None:
-        return self.stack.get_mem_pool_context()
+        try:
+            return self.stack.get_mem_pool_context()
+        except ConflictError as exc:
+            raise ConflictError(
+                f"{self.HOST}.get_mem_pool_context: Multiple connectors provide a KV cache memory pool "
+                f"({exc.connector}); the KV cache is allocated once, in one pool: configure a custom pool "
+                "on at most one child",
+                connector=exc.connector, method="get_mem_pool_context", value=exc.value,
+            ) from exc
 
     # ---- both sides --------------------------------------------------------------------
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        stats: object = self.stack.get_kv_connector_stats()
-        own = self._own_counts()
-        if stats is None and not own:
-            return None
-        data = stats_data(stats) if stats is not None else {}
-        if own:
-            data["host"] = own
-        self._totals = merge_counts(self._totals, data)
-        return CapkvStats(data)
+        """The children's statistics in vLLM's composite shape (see :mod:`._stats`)."""
+        try:
+            stats: object = self.stack.get_kv_connector_stats()
+        except Exception as exc:
+            self._contained("get_kv_connector_stats", exc, "the failing children's statistics come later")
+            stats = None
+        result = host_stats(self._stat_keys, stats, self._own_counts(), composite=self._composite)
+        if result is not None:
+            self._totals = merge_counts(self._totals, result.to_dict())
+        return result
 
     def _own_counts(self) -> dict[str, int]:
         """The host's own counters since the last report: contained failures, dropped late load errors."""
@@ -409,42 +495,12 @@ class CapkvConnector(KVConnectorBase_V1):
         return counts
 
     def stats_since_start(self) -> dict[str, Any]:
-        """Every counter this side has seen since it was built: its own stack's, and on the
-        scheduler side the workers' reports too (what vLLM's stat loggers get, summed)."""
+        """Every counter this side has seen since it was built, by child class as vLLM keys them (the
+        host's own under ``"capkv"``): its own stack's, and on the scheduler side the workers' too."""
         return dict(self._totals)
 
     def shutdown(self) -> None:
         self.stack.shutdown()
-
-    # ---- vLLM-only calls: to vLLM's own connectors in the stack --------------------------
-
-    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
-        super().bind_kv_cache_manager(kv_cache_manager)
-        for child in self._vllm_children:
-            child.bind_kv_cache_manager(kv_cache_manager)
-
-    def on_new_request(self, request: Request) -> None:
-        for child in self._vllm_children:
-            child.on_new_request(request)
-
-    def has_pending_block_frees(self) -> bool:
-        return any(child.has_pending_block_frees() for child in self._vllm_children)
-
-    def has_pending_push_work(self) -> bool:
-        return any(child.has_pending_push_work() for child in self._vllm_children)
-
-    def reset_cache(self) -> bool | None:
-        """Forwarded to vLLM's connectors; ``False`` when one could not reset (capkv's stores keep theirs)."""
-        answers = [child.reset_cache() for child in self._vllm_children]
-        return False if False in answers else None
-
-    def finish_forward(self) -> None:
-        for child in self._vllm_children:
-            child.finish_forward()
-
-    def reset_capture_state(self) -> None:
-        for child in self._vllm_children:
-            child.reset_capture_state()
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -467,3 +523,40 @@ class CapkvHMAConnector(CapkvConnector, SupportsHMA):
     ) -> tuple[bool, KVTransferParams | None]:
         """Every group's blocks to the stack."""
         return self._finish(request, tuple(list(ids) for ids in block_ids))
+
+
+def _stats_key(child: object) -> str:
+    """A child's key in vLLM's per-connector statistics: its class name (a wrapped vLLM connector's
+    configured class)."""
+    if wrapped_vllm(child) is not None:
+        return cast("type[Any]", getattr(child, "_cls")).__name__
+    return type(getattr(child, "__wrapped__", child)).__name__
+
+
+def _configured_leaves(node: ConfiguredNode | None) -> Iterator[ConfiguredConnector]:
+    if isinstance(node, ConfiguredStack):
+        for entry in node.entries:
+            yield from _configured_leaves(entry)
+    elif node is not None:
+        yield node
+
+
+@contextmanager
+def _vllm_children_quiet(stack: object) -> Generator[None]:
+    """Wrapped vLLM children report no worker metadata while the host collects capkv's children's."""
+    quiet: list[object] = [leaf for leaf in leaves(stack) if wrapped_vllm(leaf) is not None]
+    saved = [vars(leaf).get("build_connector_worker_meta") for leaf in quiet]
+    for leaf in quiet:
+        vars(leaf)["build_connector_worker_meta"] = _nothing
+    try:
+        yield
+    finally:
+        for leaf, method in zip(quiet, saved):
+            if method is None:
+                vars(leaf).pop("build_connector_worker_meta", None)
+            else:
+                vars(leaf)["build_connector_worker_meta"] = method
+
+
+def _nothing() -> None:
+    return None
