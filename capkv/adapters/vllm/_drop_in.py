@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, cast
 
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
@@ -34,7 +34,7 @@ from capkv.adapters.vllm._stack import Engine, build_hosted, load_hosted
 from capkv.adapters.vllm._vllm_calls import wrapped_vllm
 from capkv.capabilities._hma import StackNode, explain_not_hma, non_hma_children, supports_hma
 from capkv.composite._multi import MultiConnector as CapkvMultiConnector
-from capkv.config._hosts import STACK_KEY, stack_config
+from capkv.config._hosts import DROP_IN, STACK_KEY, drop_in_stack
 from capkv.config._loader import ConfiguredNode
 from capkv.contracts._base import KVConnectorBase
 from capkv.contracts._engine import BlockIds, KVTransferParams
@@ -44,7 +44,6 @@ __all__ = ["MultiConnector"]
 _log = logging.getLogger("capkv.vllm")
 _said: set[str] = set()
 
-DROP_IN: Final = "MultiConnector"
 
 
 class _Idle(KVConnectorBase[Any]):
@@ -81,12 +80,10 @@ class MultiConnector(CapkvConnector, SupportsHMA):
     @classmethod
     def _configured(cls, extra: Mapping[str, Any] | None) -> ConfiguredNode | None:
         """The children as vLLM's composite reads them; ``None`` for an empty list (a composite of none)."""
-        if isinstance(extra, Mapping) and STACK_KEY in extra:
-            return load_hosted(stack_config(extra, host=cls.HOST))
         connectors: object = None if extra is None else extra.get("connectors")
-        if isinstance(connectors, list) and not connectors:
+        if isinstance(connectors, list) and not connectors and STACK_KEY not in (extra or {}):
             return None
-        return load_hosted({"kv_connector": DROP_IN, "kv_connector_extra_config": dict(extra or {})})
+        return load_hosted(drop_in_stack(extra))
 
     def _check_configured(self, configured: ConfiguredNode | None) -> None:
         """vLLM decided HMA from the children already; say which child turned it off (once)."""
