@@ -70,6 +70,7 @@ from capkv.adapters.vllm._vllm_calls import VllmOnlyMembers, leaves, wrapped_vll
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
 from capkv.capabilities._hma import StackNode
 from capkv.capabilities._serving import finish_request, require_hma
+from capkv.config._build import closed_on_error
 from capkv.config._hosts import HMA_HOST, PLAIN_HOST, require_host_capability, stack_config
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 from capkv.contracts._connector import KVConnector
@@ -104,18 +105,19 @@ class CapkvConnector(VllmOnlyMembers):
         groups = len(kv_cache_config.kv_cache_groups)
         self.spec = engine_spec(kv_cache_config, owner=host) if groups else None
         built = self._build(configured, Engine(vllm_config, role, kv_cache_config, self.spec, self.INHERIT_ROLE))
-        self._check_built(built)  # the built children have the last word
-        require_hma(built, max(groups, 1))
-        if configured is not None:
-            told = configured_fact(configured, LAYOUT, vllm_config=vllm_config)
-            needed = cast("KVConnector", built).get_required_kvcache_layout()
-            if needed is not None and needed != told:
-                raise ConflictError(
-                    f"{host}: the stack needs the {needed!r} KV-cache layout, but its classes told vLLM "
-                    f"{'nothing' if told in (None, NEEDS_INSTANCE) else repr(told)} when vLLM chose its layout; "
-                    "declare the layout class-level (@capkv.class_level) in the child that needs it",
-                    connector=host, method="get_required_kvcache_layout", value=needed,
-                )
+        with closed_on_error([built]):  # a stack refused here leaves no writer thread behind
+            self._check_built(built)  # the built children have the last word
+            require_hma(built, max(groups, 1))
+            if configured is not None:
+                told = configured_fact(configured, LAYOUT, vllm_config=vllm_config)
+                needed = cast("KVConnector", built).get_required_kvcache_layout()
+                if needed is not None and needed != told:
+                    raise ConflictError(
+                        f"{host}: the stack needs the {needed!r} KV-cache layout, but its classes told vLLM "
+                        f"{'nothing' if told in (None, NEEDS_INSTANCE) else repr(told)} when vLLM chose its "
+                        "layout; declare the layout class-level (@capkv.class_level) in the child that needs it",
+                        connector=host, method="get_required_kvcache_layout", value=needed,
+                    )
         self._bind_stack(built)
 
     # ---- the hosted stack ---------------------------------------------------------------
