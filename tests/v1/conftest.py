@@ -27,14 +27,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    importlib.import_module("vllm")
-    VLLM_ERROR: str | None = None
-except Exception as exc:  # ImportError, or a broken install (e.g. a CUDA torchvision)
-    VLLM_ERROR = f"{type(exc).__name__}: {exc}"
-
-if VLLM_ERROR is not None and os.environ.get("CAPKV_REQUIRE_VLLM") == "1":
-    raise RuntimeError(f"CAPKV_REQUIRE_VLLM=1 but vLLM cannot be imported ({VLLM_ERROR})")
+from tests.vllm.requirement import VLLM_ERROR  # noqa: E402  # after the environment above is set
 
 AGAINST = os.environ.get("CAPKV_VLLM_MULTI", "capkv")
 if AGAINST not in ("capkv", "vllm"):
