@@ -121,6 +121,12 @@ def test_stats_travel_in_vllms_types_per_child_class() -> None:
     assert rebuilt.data == {"FileStoreConnector": CapkvStats({"loaded_blocks": 5}), "capkv": CapkvStats({"contained_errors": 1})}
     with pytest.raises(ValueError, match="Connector 'NoSuchConnector' is not registered"):
         rebuild_stats({"NoSuchConnector": {}})
+    # a capkv child named as a vLLM connector is (MultiConnector), and a nested host's statistics, cross a process
+    nested = host_stats([("MultiConnector", False)], {0: {1: {"loaded_blocks": 2}}}, {}, composite=True)
+    outer = host_stats([("CapkvHMAConnector", True)], {0: nested}, {}, composite=True)
+    assert outer is not None
+    back = rebuild_stats(outer.to_dict())
+    assert back.reduce() == outer.reduce() == {"CapkvHMAConnector": {"MultiConnector": {"#2.loaded_blocks": 2}}}
     assert stats_data({1: {"hit_tokens": 64}}) == {"#2": {"hit_tokens": 64}}
     assert merge_counts({"a": 1, "b": "x"}, {"a": 2, "b": "y", "c": True}) == {"a": 3, "b": "y", "c": True}
     nested = CapkvStats({"#2": {"loaded_blocks": 4}})

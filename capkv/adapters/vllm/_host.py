@@ -57,7 +57,7 @@ from capkv.adapters.vllm._contain import Contained
 from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker, Settled
 from capkv.adapters.vllm._spec import engine_spec, registered_caches
 from capkv.adapters.vllm._stack import Engine, build_hosted, child_vllm_config, configured_fact, load_hosted
-from capkv.adapters.vllm._stats import HostPromMetrics, host_stats, merge_counts, rebuild_stats
+from capkv.adapters.vllm._stats import MARK, HostPromMetrics, host_stats, merge_counts, rebuild_stats
 from capkv.adapters.vllm._translate import (
     SITS_OUT,
     HostHandshake,
@@ -256,7 +256,7 @@ class CapkvConnector(VllmOnlyMembers):
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         stats = connector_output.kv_connector_stats
         if isinstance(stats, MultiKVConnectorStats):
-            self._totals = merge_counts(self._totals, stats.to_dict())
+            self._totals = merge_counts(self._totals, _counters(stats))
         output = to_capkv_output(connector_output, self._planner, composite=self._composite, owner=self.HOST)
         try:
             self.stack.update_connector_output(output)
@@ -298,7 +298,7 @@ class CapkvConnector(VllmOnlyMembers):
         inner: dict[tuple[int, int], Any] = {}
         reports: list[WorkerMetadata] = []
         for rank, shake in metadata.items():
-            if isinstance(shake, HostHandshake):
+            if isinstance(shake, HostHandshake) and not self._only_vllm:  # ours (a nested host's passes on)
                 if shake.inner is not None:
                     inner[rank] = shake.inner
                 if shake.worker_meta is not None:
@@ -482,7 +482,7 @@ class CapkvConnector(VllmOnlyMembers):
             stats = None
         result = host_stats(self._stat_keys, stats, self._own_counts(), composite=self._composite)
         if result is not None:
-            self._totals = merge_counts(self._totals, result.to_dict())
+            self._totals = merge_counts(self._totals, _counters(result))
         return result
 
     def _own_counts(self) -> dict[str, int]:
@@ -525,6 +525,18 @@ class CapkvHMAConnector(CapkvConnector, SupportsHMA):
     ) -> tuple[bool, KVTransferParams | None]:
         """Every group's blocks to the stack."""
         return self._finish(request, tuple(list(ids) for ids in block_ids))
+
+
+def _counters(stats: MultiKVConnectorStats) -> dict[str, Any]:
+    """The statistics as plain mappings, without capkv's marks (what ``stats_since_start`` sums)."""
+    return cast("dict[str, Any]", _unmarked(stats.to_dict()))
+
+
+def _unmarked(value: object) -> object:
+    if isinstance(value, Mapping):
+        items = cast("Mapping[str, object]", value).items()
+        return {key: _unmarked(inner) for key, inner in items if key != MARK}
+    return value
 
 
 def _stats_key(child: object) -> str:

@@ -8,9 +8,11 @@ numbers) travel as :class:`CapkvStats`, whose ``reduce`` is every counter; the h
 own counters (contained failures, dropped late reports) under ``"capkv"``.
 
 Across processes vLLM ships ``to_dict()`` and rebuilds with the connector class's
-``build_kv_connector_stats`` — :func:`rebuild_stats` here: vLLM's registered
-connectors by their own class, capkv's connectors as :class:`CapkvStats`, an unknown
-name refused as vLLM refuses it (a ``ValueError``). Prometheus: vLLM children's own
+``build_kv_connector_stats`` — :func:`rebuild_stats` here: capkv's counters and a
+nested host's statistics by the mark their ``to_dict`` carries (a capkv connector's
+class name may be one vLLM registers too: ``MultiConnector``), vLLM's registered
+connectors by their own class, an unknown name refused as vLLM refuses it (a
+``ValueError``). Prometheus: vLLM children's own
 metrics (``build_prom_metrics``, per class as vLLM builds them) and one counter for
 every capkv counter, labelled by connector and counter.
 """
@@ -28,7 +30,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKV
 
 __all__ = [
     "HOST_KEY",
+    "MARK",
     "CapkvStats",
+    "HostStats",
     "HostPromMetrics",
     "host_stats",
     "merge_counts",
@@ -38,6 +42,8 @@ __all__ = [
 
 HOST_KEY: Final = "capkv"
 """The key of the host's own counters in its statistics."""
+MARK: Final = "__capkv__"
+"""Marks what capkv's statistics become across processes: ``"counters"`` or ``"host"``."""
 _COUNTER: Final = "vllm:capkv_connector_events_total"
 
 
@@ -46,6 +52,9 @@ class CapkvStats(KVConnectorStats):
     """A capkv connector's counters: numbers add up, nested mappings (a nested stack's children) merge."""
 
     data: dict[str, Any] = field(default_factory=lambda: dict[str, Any]())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.data, MARK: "counters"}
 
     def reset(self) -> None:
         self.data = {}
@@ -59,6 +68,14 @@ class CapkvStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not self.data
+
+
+@dataclass
+class HostStats(MultiKVConnectorStats):
+    """A host's statistics: vLLM's composite's shape, marked so a nesting host rebuilds them."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), MARK: "host"}
 
 
 def stats_data(stats: object) -> dict[str, Any]:
@@ -86,7 +103,7 @@ def host_stats(
         per_child = () if stats is None else ((0, stats),)
     else:
         per_child = cast("Mapping[int, object]", stats or {}).items()
-    result: MultiKVConnectorStats | None = None
+    result: MultiKVConnectorStats | None = None  # a HostStats once anything is added
     for index, value in per_child:
         if value is None or not 0 <= index < len(children):
             continue
@@ -104,7 +121,7 @@ def host_stats(
 def _add(into: MultiKVConnectorStats | None, key: str, stats: KVConnectorStats) -> MultiKVConnectorStats:
     """vLLM's rule: children of one class are aggregated under its name."""
     if into is None:
-        into = MultiKVConnectorStats()
+        into = HostStats()
     held = into.data.get(key)
     into.data[key] = stats if held is None else held.aggregate(stats)
     return into
@@ -114,6 +131,8 @@ def rebuild_stats(data: Mapping[str, Any] | None) -> MultiKVConnectorStats:
     """``build_kv_connector_stats`` of a host: vLLM's statistics shipped as dicts, rebuilt per child."""
     rebuilt: dict[str, KVConnectorStats] = {}
     for key, value in (data or {}).items():
+        if key == MARK:
+            continue
         if isinstance(value, KVConnectorStats):
             rebuilt[key] = value
             continue
@@ -124,8 +143,11 @@ def rebuild_stats(data: Mapping[str, Any] | None) -> MultiKVConnectorStats:
 
 
 def _rebuild_one(key: str, value: dict[str, Any]) -> KVConnectorStats | None:
-    if key == HOST_KEY:
-        return CapkvStats(value)
+    mark = value.get(MARK)
+    if mark == "counters" or key == HOST_KEY:
+        return CapkvStats({k: v for k, v in value.items() if k != MARK})
+    if mark == "host":
+        return HostStats(data=rebuild_stats(value).data)
     try:
         cls: Any = KVConnectorFactory.get_connector_class_by_name(key)
     except ValueError as refused:
@@ -169,6 +191,8 @@ class HostPromMetrics(KVConnectorPromMetrics):
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for key, data in transfer_stats_data.items():
+            if key == MARK:
+                continue
             child = self.children.get(key)
             if child is not None:
                 child.observe(data, engine_idx)
@@ -207,6 +231,8 @@ def _is_number(value: object) -> bool:
 
 def _flatten(data: Mapping[str, Any], prefix: str) -> Iterable[tuple[str, int | float]]:
     for key, value in data.items():
+        if key == MARK:
+            continue
         path = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, Mapping):
             yield from _flatten(cast("Mapping[str, Any]", value), path)
