@@ -33,22 +33,28 @@ def serving_leaf(stack: object, request_id: str) -> object | None:
 
     A composite remembers the child it chose at the lookup until the request finishes.
     """
-    node: object = stack
+    node: object = _bare(stack)
     while isinstance(node, StackNode):
         choice: object = getattr(node, "_load_choice", None)
         picked = cast("dict[str, tuple[int, bool]]", choice).get(request_id) if isinstance(choice, dict) else None
         if picked is None:
             return None
-        node = node.children[picked[0]]
+        node = _bare(node.children[picked[0]])
     return node
 
 
 def wrapped_vllm(leaf: object) -> KVConnectorBase_V1 | None:
     """The vLLM connector a capkv wrapper wraps (``None`` for capkv's own connectors)."""
+    leaf = _bare(leaf)
     if getattr(type(leaf), "__capkv_wrapper__", False) is not True:
         return None
     inner: object = getattr(leaf, "wrapped")
     return inner if isinstance(inner, KVConnectorBase_V1) else None
+
+
+def _bare(node: object) -> object:
+    """``node`` itself, out of dev mode's instrumentation (``capkv.devmode.instrument``)."""
+    return getattr(node, "__wrapped__", node)
 
 
 class VllmOnlyMembers(KVConnectorBase_V1):
@@ -142,7 +148,8 @@ class VllmOnlyMembers(KVConnectorBase_V1):
 
 
 def leaves(node: object) -> Iterable[object]:
-    """Every leaf of a stack, in order."""
+    """Every leaf of a stack, in order (out of dev mode's instrumentation)."""
+    node = _bare(node)
     if isinstance(node, StackNode):
         for child in node.children:
             yield from leaves(child)
