@@ -19,6 +19,8 @@ import logging
 from collections.abc import Iterator, Mapping
 from enum import Enum
 
+from capkv._homes import publish
+
 __all__ = ["Drop", "DroppedReports", "ReceiveTracker", "SendTracker"]
 
 _log = logging.getLogger("capkv.composite")
@@ -153,3 +155,6 @@ class ReceiveTracker:
 
     def restore(self, state: Mapping[str, int]) -> None:
         self._loaders = dict(state)
+
+
+publish(__name__)

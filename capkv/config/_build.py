@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from capkv._homes import publish
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode
 from capkv.config._options import ConnectorOptions, declared_options
 from capkv.contracts._spec import KVSpec
@@ -147,3 +148,6 @@ def closed_on_error(built: Sequence[Any]) -> Generator[None]:
                 except Exception:  # the build's error is the one to report
                     pass
         raise
+
+
+publish(__name__)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from capkv._homes import publish
 from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._block_file import (
     PackRecord,
@@ -272,3 +273,6 @@ class FileStoreConnector(StoreConnector):
         self.files: FileBackend = FileBackend(self.catalog, owner=name, write=write)
         """The backend: the directory's packs, read and written."""
         super().__init__(spec, self.files, namespace=namespace, background=True)
+
+
+publish(__name__)

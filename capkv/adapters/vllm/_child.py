@@ -37,6 +37,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
+from capkv._homes import publish
 from capkv.adapters.vllm._carry import (
     VLLM_NULL_BLOCK_ID,
     PPHandshakes,
@@ -441,3 +442,6 @@ def wrap_configured(
 
 wrap_vllm_connector = wrap
 """The name the host's builder used first."""
+
+
+publish(__name__, "capkv.vllm")

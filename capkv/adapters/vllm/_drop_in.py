@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector as VllmMultiConnector
 from vllm.v1.request import Request
 
+from capkv._homes import publish
 from capkv.adapters.vllm._child import wrap
 from capkv.adapters.vllm._host import CapkvConnector
 from capkv.adapters.vllm._stack import Engine, build_hosted, load_hosted
@@ -197,3 +198,4 @@ def _own_every_member(cls: type[Any]) -> type[Any]:
 
 
 _own_every_member(MultiConnector)
+publish(__name__, "capkv.vllm")

@@ -51,6 +51,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
+from capkv._homes import publish
 from capkv.adapters.vllm._carry import PPHandshakes, block_ids_from_vllm
 from capkv.adapters.vllm._child import vllm_connectors
 from capkv.adapters.vllm._contain import Contained
@@ -574,3 +575,6 @@ def _vllm_children_quiet(stack: object) -> Generator[None]:
 
 def _nothing() -> None:
     return None
+
+
+publish(__name__, "capkv.vllm")
