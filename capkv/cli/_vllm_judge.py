@@ -69,16 +69,26 @@ def vllm_loads(config: Mapping[str, Any]) -> bool:
 
 
 def _all_known(entry: Mapping[str, Any]) -> bool:
+    """Every connector of ``entry`` is one vLLM resolves. capkv's own names (registered, ``module:Class``)
+    are told first, so a capkv stack is recognised without importing vLLM (or torch)."""
     name = entry.get("kv_connector")
-    if not isinstance(name, str):
+    if not isinstance(name, str) or ":" in name:
         return False
-    if entry.get("kv_connector_module_path") is None and not _registered(name):
+    path = entry.get("kv_connector_module_path")
+    if path is None and name != _MULTI and _capkv_owns(name):
         return False
     children: object = _mapping(entry.get("kv_connector_extra_config")).get("connectors") if name == _MULTI else None
-    if not isinstance(children, list):
-        return True
-    entries = cast("list[object]", children)
-    return all(isinstance(child, Mapping) for child in entries) and all(_all_known(_mapping(c)) for c in entries)
+    if isinstance(children, list):
+        entries = cast("list[object]", children)
+        if not all(isinstance(child, Mapping) for child in entries) or not all(_all_known(_mapping(c)) for c in entries):
+            return False
+    return path is not None or _registered(name)
+
+
+def _capkv_owns(name: str) -> bool:
+    from capkv.config._registry import default_registry
+
+    return default_registry.owns(name)
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

@@ -20,6 +20,7 @@ read as well.
 from __future__ import annotations
 
 import logging
+import types
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, ClassVar, cast
 
@@ -183,7 +184,8 @@ def _unwrapped(child: object) -> object:
 
 def _own_every_member(cls: type[Any]) -> type[Any]:
     """Make every member of vLLM's connector base class one of ``cls``'s own (in its ``__dict__``), as
-    vLLM's composite defines them, so a check of the class's namespace sees each one delegated."""
+    vLLM's composite defines them, so a check of the class's namespace sees each one delegated. Each is
+    the inherited implementation itself, bound to ``cls``'s module (it is part of ``cls``'s public face)."""
     skip = {"role", "has_connector_metadata"}
     for name in dir(KVConnectorBase_V1):
         if name.startswith("_") or name in skip or name in vars(cls):
@@ -192,9 +194,32 @@ def _own_every_member(cls: type[Any]) -> type[Any]:
             if name in vars(base):
                 if base is KVConnectorBase_V1:
                     raise TypeError(f"{cls.__name__} does not implement {name}")
-                setattr(cls, name, vars(base)[name])
+                setattr(cls, name, _owned(vars(base)[name], cls))
                 break
     return cls
+
+
+def _owned(member: Any, cls: type[Any]) -> Any:
+    """``member`` (a function, classmethod, staticmethod or property) as ``cls``'s own."""
+    if isinstance(member, types.FunctionType):
+        copy = types.FunctionType(member.__code__, member.__globals__, member.__name__, member.__defaults__,
+                                  member.__closure__)
+        copy.__kwdefaults__ = member.__kwdefaults__
+        copy.__annotations__ = dict(member.__annotations__)
+        copy.__doc__ = member.__doc__
+        copy.__qualname__ = f"{cls.__qualname__}.{member.__name__}"
+        copy.__module__ = cls.__module__
+        return copy
+    if isinstance(member, classmethod):
+        owned: Any = classmethod(_owned(cast("Any", member).__func__, cls))
+        return owned
+    if isinstance(member, staticmethod):
+        still: Any = staticmethod(_owned(cast("Any", member).__func__, cls))
+        return still
+    if isinstance(member, property):
+        getter: Any = member.fget
+        return property(_owned(getter, cls), member.fset, member.fdel, member.__doc__)
+    return member
 
 
 _own_every_member(MultiConnector)

@@ -19,11 +19,10 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.request import Request
 
 from capkv.capabilities._hma import StackNode
+from capkv.contracts._connector import KVConnector
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
-
-    from capkv.contracts._connector import KVConnector
 
 __all__ = ["VllmOnlyMembers", "serving_leaf"]
 
