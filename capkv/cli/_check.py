@@ -34,6 +34,14 @@ configuration itself is wrong (including a connector that cannot be built from
 it when a fact needs the instance, a connector whose code raises or answers a
 fact with a value of the wrong kind — the tree and the HMA verdict are still
 printed first). Always one line per problem, never a traceback.
+
+A file vLLM reads as its own ``kv_transfer_config`` — one naming a class of
+``capkv.vllm``, or whose every connector vLLM knows — is judged as vLLM judges it
+(:mod:`capkv.cli._vllm_judge`), by classes: exit 0 when vLLM runs it with its hybrid
+allocator on, 1 when vLLM turns the allocator off, 2 when vLLM refuses it — each
+naming the child that decides. vLLM's connectors are built only on request
+(``--build``: built as vLLM builds them, for the scheduler, over a KV cache
+configuration without groups); the tree of capkv's view is still printed first.
 """
 
 from __future__ import annotations
@@ -47,8 +55,10 @@ from capkv.capabilities._hma import supports_hma
 from capkv.capabilities._serving import require_hma
 from capkv.cli._host_check import host_lines, host_problems, load_hosted_file
 from capkv.cli._stack_tree import Findings, Inspected, inspect_stack, tree_lines, walk
+from capkv.cli._vllm_judge import Verdict, build_as_vllm, judge, vllm_loads
 from capkv.config._build import call_user_code
-from capkv.config._loader import ConfiguredNode, ConfiguredStack
+from capkv.config._hosts import host_entry
+from capkv.config._loader import ConfiguredNode, ConfiguredStack, load_stack, read_config_file
 from capkv.errors import CapkvError, ConfigError
 
 __all__ = ["add_arguments", "run"]
@@ -71,6 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--classes-only", action="store_true",
         help="build no connector: only what the classes answer (facts a connector decides per instance show ?)",
     )
+    parser.add_argument(
+        "--build", action="store_true",
+        help="for a configuration vLLM reads as its own: also build its connectors, as vLLM builds them",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         for module in args.imports:
             import_user_module(module)
+        data = read_config_file(args.config)
+        if vllm_loads(data):
+            return _run_vllm(data, args)
         hosted, configured = load_hosted_file(args.config)
     except ConfigError as exc:
         _error(str(exc))
@@ -105,6 +122,40 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(_verdict(configured, args.groups, _ok_note(root, args.classes_only)))
     return 0
+
+
+def _run_vllm(data: dict[str, object], args: argparse.Namespace) -> int:
+    """A configuration vLLM reads as its own: capkv's view of it (from classes), then what vLLM does with it."""
+    judgement = judge(data)
+    findings = Findings()
+    try:
+        hosted = host_entry(data)
+        configured: ConfiguredNode | None = load_stack(data if hosted is None else hosted.stack)
+    except ConfigError:
+        configured, hosted = None, None  # vLLM's refusal says why, below
+    if configured is not None:
+        decided = judgement.hma
+
+        def by_vllm(node: Inspected) -> bool | None:
+            return decided.get(node.node.position)
+
+        root = inspect_stack(configured, build=False, findings=findings)
+        for line in tree_lines(root, hma=None if hosted is not None else by_vllm):
+            print(line)
+        for line in host_lines(hosted, configured):
+            print(line)
+    if judgement.verdict is Verdict.REFUSED:
+        _error(judgement.reason)
+        return 2
+    problems = findings.errors if hosted is not None else []  # a hosted stack's options are the host's to refuse
+    if args.build:
+        problems = [*problems, *build_as_vllm(data)]
+    if problems:
+        for problem in problems:
+            _error(f"vLLM refuses this configuration: {problem}")
+        return 2
+    print(("ok: " if judgement.verdict is Verdict.HMA_ON else "") + judgement.reason)
+    return 0 if judgement.verdict is Verdict.HMA_ON else 1
 
 
 def _verdict(configured: ConfiguredNode, groups: int | None, note: str) -> str:

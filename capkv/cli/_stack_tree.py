@@ -38,7 +38,7 @@ from capkv.config._loader import ConfiguredConnector, ConfiguredNode, Configured
 from capkv.config._options import declared_options
 from capkv.errors import CapkvError, ConfigError
 
-__all__ = ["Findings", "Inspected", "Missing", "inspect_stack", "tree_lines", "walk"]
+__all__ = ["Findings", "Inspected", "Missing", "engine_class", "inspect_stack", "tree_lines", "walk"]
 
 
 class Missing(enum.Enum):
@@ -98,7 +98,7 @@ def inspect_stack(
     """Build what can be built (children first), then answer every fact; record what is wrong in ``findings``."""
     if isinstance(node, ConfiguredConnector):
         inspected = Inspected(node, ())
-        if _options_ok(node, context, findings) and build:
+        if _options_ok(node, context, findings) and build and not engine_class(node.cls):
             _build(inspected, lambda: build_connector(node, context=context), findings)
     else:
         children = tuple(inspect_stack(entry, build=build, context=context, findings=findings) for entry in node.entries)
@@ -120,6 +120,12 @@ def inspect_stack(
         if inspected.answers[fact] is Missing.UNKNOWN and not _by_agreement(inspected, fact):
             inspected.missing_because = inspected.unbuilt_because
     return inspected
+
+
+def engine_class(cls: type[Any]) -> bool:
+    """Whether ``cls`` is an engine's own connector class (vLLM's ``KVConnectorBase_V1``): the engine builds
+    it from its own configuration, never from an extra config alone, so ``capkv check`` answers it by class."""
+    return any(base.__name__ == "KVConnectorBase_V1" and base.__module__.startswith("vllm.") for base in cls.__mro__)
 
 
 def _options_ok(node: ConfiguredConnector, context: BuildContext | None, findings: Findings) -> bool:
@@ -201,19 +207,32 @@ _SHOW: dict[StaticFact, tuple[str, Callable[[Any], str]]] = {
 }
 
 
-def tree_lines(root: Inspected, detail: Callable[[Inspected], str] | None = None) -> list[str]:
-    """The stack as a tree, one line per node, columns aligned: HMA, each fact, then ``detail`` (if any)."""
-    rows = [[label, *cells] for label, cells in _rows(root, "", "", detail)]
+def tree_lines(
+    root: Inspected,
+    detail: Callable[[Inspected], str] | None = None,
+    *,
+    hma: Callable[[Inspected], bool | None] | None = None,
+) -> list[str]:
+    """The stack as a tree, one line per node, columns aligned: HMA, each fact, then ``detail`` (if any).
+
+    ``hma`` answers a node's HMA column where an engine's rule decides it (``None``: capkv's rule).
+    """
+    rows = [[label, *cells] for label, cells in _rows(root, "", "", detail, hma)]
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def _rows(
-    inspected: Inspected, prefix: str, branch: str, detail: Callable[[Inspected], str] | None
+    inspected: Inspected,
+    prefix: str,
+    branch: str,
+    detail: Callable[[Inspected], str] | None,
+    hma: Callable[[Inspected], bool | None] | None,
 ) -> Iterator[tuple[str, list[str]]]:
     node = inspected.node
     subject = node if isinstance(node, ConfiguredStack) else node.cls
-    cells = [f"HMA: {'yes' if supports_hma(subject) else 'no'}"]
+    decided = None if hma is None else hma(inspected)
+    cells = [f"HMA: {'yes' if (supports_hma(subject) if decided is None else decided) else 'no'}"]
     for fact in STATIC_FACTS:
         title, show = _SHOW[fact]
         answer = inspected.answers[fact]
@@ -223,4 +242,4 @@ def _rows(
     yield prefix + branch + inspected.label, cells
     inner = prefix + ("│  " if branch == "├─ " else "   " if branch else "")
     for index, child in enumerate(inspected.children, start=1):
-        yield from _rows(child, inner, "└─ " if index == len(inspected.children) else "├─ ", detail)
+        yield from _rows(child, inner, "└─ " if index == len(inspected.children) else "├─ ", detail, hma)

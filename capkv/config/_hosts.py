@@ -19,6 +19,7 @@ from capkv.config._loader import ConfiguredConnector, ConfiguredStack
 from capkv.errors import CapabilityError, ConfigError
 
 __all__ = [
+    "DROP_IN",
     "HMA_HOST",
     "HOSTS",
     "HOST_MODULE",
@@ -26,6 +27,7 @@ __all__ = [
     "STACK_KEY",
     "HostEntry",
     "allowed_hosts",
+    "drop_in_stack",
     "host_entry",
     "require_host_capability",
     "stack_config",
@@ -35,6 +37,8 @@ HOST_MODULE: Final = "capkv.vllm"
 PLAIN_HOST: Final = "CapkvConnector"
 HMA_HOST: Final = "CapkvHMAConnector"
 HOSTS: Final = (PLAIN_HOST, HMA_HOST)
+DROP_IN: Final = "MultiConnector"
+"""``capkv.vllm.MultiConnector``: vLLM's composite's configuration (``connectors``), served by capkv."""
 STACK_KEY: Final = "stack"
 """The key of ``kv_connector_extra_config`` that holds the hosted stack."""
 
@@ -44,7 +48,7 @@ class HostEntry:
     """A ``kv_transfer_config`` that names a capkv host: which one, and the stack it hosts."""
 
     host: str
-    """``CapkvConnector`` or ``CapkvHMAConnector``."""
+    """``CapkvConnector``, ``CapkvHMAConnector`` or ``MultiConnector`` (the drop-in)."""
     stack: Mapping[str, Any]
     """The hosted stack's configuration (``kv_connector_extra_config.stack``)."""
 
@@ -65,12 +69,24 @@ def host_entry(config: Mapping[str, Any]) -> HostEntry | None:
         module, name = HOST_MODULE, name.partition(":")[2]
     if module != HOST_MODULE:
         return None
+    extra: object = config.get("kv_connector_extra_config")
+    if name == DROP_IN:
+        return HostEntry(DROP_IN, drop_in_stack(extra))
     if name not in HOSTS:
         raise ConfigError(
-            f'"{HOST_MODULE}" hosts a stack as {" or ".join(HOSTS)}, not {name!r}',
+            f'"{HOST_MODULE}" hosts a stack as {", ".join((DROP_IN, *HOSTS))}, not {name!r}',
             connector=str(name), method="kv_connector", value=name,
         )
-    return HostEntry(name, stack_config(config.get("kv_connector_extra_config"), host=name))
+    return HostEntry(name, stack_config(extra, host=name))
+
+
+def drop_in_stack(extra: object) -> Mapping[str, Any]:
+    """The stack of the drop-in's ``kv_connector_extra_config``: its ``stack`` (capkv's shape), or the
+    composite of its ``connectors`` (vLLM's)."""
+    given: Mapping[str, Any] = cast("Mapping[str, Any]", extra) if isinstance(extra, Mapping) else {}
+    if STACK_KEY in given:
+        return stack_config(given, host=DROP_IN)
+    return {"kv_connector": DROP_IN, "kv_connector_extra_config": dict(given)}
 
 
 def stack_config(extra: object, *, host: str) -> Mapping[str, Any]:

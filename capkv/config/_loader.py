@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -57,6 +57,8 @@ class ConfiguredConnector:
     """Its ``kv_connector_extra_config``."""
     position: str
     """Where it sits: ``""`` for the root, ``"#2"``, ``"#1.2"`` below it."""
+    entry: Mapping[str, Any] = field(default_factory=lambda: dict[str, Any](), compare=False)
+    """Its whole configuration entry (``kv_role``, ``engine_id``, ... as an engine reads them)."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ def _load(config: object, path: tuple[int, ...], registry: ConnectorRegistry) ->
             f"{where}{exc}", connector=exc.connector, method=exc.method, value=exc.value
         ) from exc
     if not issubclass(cls, StackNode):
-        return ConfiguredConnector(name, cls, extra, position)
+        return ConfiguredConnector(name, cls, extra, position, entry)
     entries = _list_of_entries(extra.get("connectors"))
     if not entries:
         raise ConfigError(

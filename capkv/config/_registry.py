@@ -72,6 +72,8 @@ class ConnectorRegistry:
         self._entry_point_group = entry_point_group
         self._entry_points: dict[str, str] | None = None
         self._engine_namespaces = engine_namespaces
+        self._from_engine: set[str] = set()
+        """Names an engine's registry resolved (remembered in ``_targets``, but the engine's, not capkv's)."""
 
     def register(self, name: str) -> Callable[[_C], _C]:
         """Class decorator: make the class resolvable as ``name``."""
@@ -102,6 +104,11 @@ class ConnectorRegistry:
     def names(self) -> list[str]:
         """Every resolvable name (registered and entry points), sorted."""
         return sorted({*self._targets, *self._published()})
+
+    def owns(self, name: str) -> bool:
+        """Whether ``name`` is one of capkv's (built in, registered, or an installed package's entry point),
+        not a name only an engine's registry knows — decided without importing anything."""
+        return (name in self._targets and name not in self._from_engine) or name in self._published()
 
     def resolve(self, name: str, *, module_path: str | None = None) -> type[Any]:
         """The connector class for ``name``.
@@ -147,6 +154,7 @@ class ConnectorRegistry:
             if found is not None:
                 cls = _require_connector_class(found, name)
                 self._targets[name] = cls
+                self._from_engine.add(name)
                 return cls
         return None
 

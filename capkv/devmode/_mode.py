@@ -45,9 +45,14 @@ _UNCHECKED = (
     "capkv.contracts._id_scan",
     "capkv.contracts._kv_tensors",
     "capkv.contracts._violation",
+    "capkv.adapters.vllm._host",
+    "capkv.adapters.vllm._drop_in",
+    "capkv.adapters.vllm._vllm_calls",
 )
-"""Modules left out of dev mode's beartype: validators that check every element of what they get, and
-capkv.testing, whose fakes answer whatever a test sets (wrong types included) so the checks under test catch them."""
+"""Modules left out of dev mode's beartype: validators that check every element of what they get,
+capkv.testing, whose fakes answer whatever a test sets (wrong types included) so the checks under test
+catch them, and the vLLM hosts' members, which take whatever vLLM hands a connector (vLLM's own tests hand
+mocks) and pass it to the hosted stack, which dev mode instruments (:func:`capkv.devmode.instrument`)."""
 
 _override: bool | None = None
 _types_checked = False

@@ -102,6 +102,15 @@ def test_registered_names_through_import(tmp_path: Path, capsys: pytest.CaptureF
     assert 'RegisteredDisk ("tests-registered-disk")' in out.splitlines()[1]
 
 
+def test_a_composite_without_connectors_is_refused_naming_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As capkv's stack (capkv's loader) and as vLLM's configuration (vLLM's composite asserts it has a list)."""
+    path = tmp_path / "stack.json"
+    path.write_text(json.dumps({"kv_connector": "MultiConnector", "kv_role": "kv_both"}))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and '"connectors"' in err and "MultiConnector" in err, err
+
+
 @pytest.mark.parametrize(
     ("config", "error"),
     [
@@ -109,7 +118,7 @@ def test_registered_names_through_import(tmp_path: Path, capsys: pytest.CaptureF
         (multi({"kv_connector": "no.such:Thing"}), 'capkv check: error: #1: cannot import module "no.such" for connector "no.such:Thing": '),
         (multi(leaf("NotAConnector")), f'capkv check: error: #1: connector "{SAMPLES}:NotAConnector" (NotAConnector) is not a KVConnector class (missing '),
         ([1, 2], 'capkv check: error: '),
-        ({"kv_connector": "MultiConnector"}, 'capkv check: error: composite "MultiConnector" needs a non-empty "connectors" list'),
+        ({"kv_connector": "MultiConnector", "kv_role": "kv_both"}, "capkv check: error: "),
     ],
 )
 def test_configuration_errors_are_one_line_exit_2(

@@ -128,7 +128,7 @@ def test_an_engine_config_wrapper_is_unwrapped() -> None:
 
 
 def test_a_registry_of_ones_own() -> None:
-    registry = ConnectorRegistry({"disk": f"{SAMPLES}:DiskConnector"}, entry_point_group=None)
+    registry = ConnectorRegistry({"disk": f"{SAMPLES}:DiskConnector"}, entry_point_group=None, engine_namespaces=())
     assert load_stack({"kv_connector": "disk"}, registry=registry).cls is DiskConnector
     with pytest.raises(ConfigError, match='unknown connector "MultiConnector"'):
         load_stack(multi(DISK), registry=registry)

@@ -1,8 +1,10 @@
 """capkv's vLLM hosts as configuration names them — checked without vLLM.
 
 ``capkv check`` on a vLLM ``kv_transfer_config`` naming ``capkv.vllm``: the hosted
-stack is checked, the allowed host classes named, and ``CapkvHMAConnector`` over a
-non-HMA stack refused in one line (exit 1) — the rule the host applies in vLLM.
+stack is printed, the allowed host classes named, and the exit status is what vLLM
+does with it — 0 HMA on (``CapkvHMAConnector`` over an HMA stack), 1 HMA off
+(``CapkvConnector``), 2 refused (``CapkvHMAConnector`` over a non-HMA stack, in one
+line: the refusal the host makes when vLLM builds it).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def test_host_entry_reads_what_vllm_loads() -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (hosted("CapkvOtherConnector", HMA_STACK), r'"capkv.vllm" hosts a stack as CapkvConnector or CapkvHMAConnector'),
+        (hosted("CapkvOtherConnector", HMA_STACK), r'"capkv.vllm" hosts a stack as MultiConnector, CapkvConnector, CapkvHMAConnector'),
         ({"kv_connector": HMA_HOST, "kv_connector_module_path": "capkv.vllm"}, r'kv_connector_extra_config needs "stack"'),
         (hosted(HMA_HOST, "MultiConnector"), r'kv_connector_extra_config needs "stack"'),  # type: ignore[arg-type]
     ],
@@ -95,7 +97,7 @@ def test_check_a_hosted_hma_stack(tmp_path: Path, capsys: pytest.CaptureFixture[
     lines = out.splitlines()
     assert lines[0].startswith("MultiConnector ") and "HMA: yes" in lines[0]
     assert "host: capkv.vllm:CapkvHMAConnector; the stack allows CapkvConnector or CapkvHMAConnector" in lines
-    assert lines[-1].startswith("ok: the stack can serve 2 KV-cache groups")
+    assert lines[-1] == "ok: vLLM runs this with its hybrid KV-cache allocator (HMA) on"
 
 
 @pytest.mark.parametrize("groups", [(), ("--groups", "2")])
@@ -103,19 +105,25 @@ def test_check_refuses_the_hma_host_over_a_non_hma_stack(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], groups: tuple[str, ...]
 ) -> None:
     status, out, err = check(tmp_path, hosted(HMA_HOST, MIXED_STACK), *groups, capsys=capsys)
-    assert status == 1
+    assert status == 2  # vLLM cannot start it: the host refuses at construction
     assert "host: capkv.vllm:CapkvHMAConnector; the stack allows CapkvConnector" in out.splitlines()
     assert err.splitlines() == [
-        'capkv check: error: CapkvHMAConnector cannot host "MultiConnector": sub-connector #2 '
-        '"SingleGroupOffloadConnector" does not implement SupportsHMA (missing request_finished_all_groups); '
-        "an HMA stack needs every child to; host it with CapkvConnector (vLLM then turns its hybrid allocator off)"
+        'capkv check: error: vLLM refuses this configuration: CapkvHMAConnector cannot host "MultiConnector": '
+        'sub-connector #2 "SingleGroupOffloadConnector" does not implement SupportsHMA (missing '
+        "request_finished_all_groups); an HMA stack needs every child to; host it with CapkvConnector (vLLM then "
+        "turns its hybrid allocator off)"
     ]
 
 
 def test_check_accepts_the_plain_host_over_a_non_hma_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = check(tmp_path, hosted(PLAIN_HOST, MIXED_STACK), capsys=capsys)
-    assert (status, err) == (0, "")
-    assert "host: capkv.vllm:CapkvConnector; the stack allows CapkvConnector" in out.splitlines()
+    assert (status, err) == (1, "")  # vLLM runs it, with its hybrid allocator off
+    lines = out.splitlines()
+    assert "host: capkv.vllm:CapkvConnector; the stack allows CapkvConnector" in lines
+    assert lines[-1] == (
+        "vLLM turns its hybrid KV-cache allocator (HMA) off: CapkvConnector is not a vLLM SupportsHMA "
+        "(host the stack with CapkvHMAConnector to keep HMA on)"
+    )
 
 
 def test_check_reads_toml_host_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

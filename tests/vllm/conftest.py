@@ -7,7 +7,6 @@ and listed at the end of the run.
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from collections.abc import Iterator
@@ -18,14 +17,7 @@ import pytest
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in-process: inspectable
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-try:
-    importlib.import_module("vllm")
-    VLLM_ERROR: str | None = None
-except Exception as exc:  # ImportError, or a broken install (e.g. a CUDA torchvision)
-    VLLM_ERROR = f"{type(exc).__name__}: {exc}"
-
-if VLLM_ERROR is not None and os.environ.get("CAPKV_REQUIRE_VLLM") == "1":
-    raise RuntimeError(f"CAPKV_REQUIRE_VLLM=1 but vLLM cannot be imported ({VLLM_ERROR})")
+from tests.vllm.requirement import VLLM_ERROR  # noqa: E402  # after the environment above is set
 
 WALL_TIMES: dict[str, float] = {}
 

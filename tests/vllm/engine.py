@@ -5,14 +5,22 @@ that saves at finish still has work: a served engine's busy loop would keep
 stepping, so :func:`serve` does the same (bounded) until the scheduler holds no
 request, then shuts the engine down — which shuts the connector down on both
 sides (the file store's writes land then).
+
+Every wait is bounded twice: the engine is stepped by hand, at most
+:data:`MAX_STEPS` times per run (an engine that steps without progress fails the
+test in seconds), and a watchdog (``SIGALRM``) turns any call that blocks for
+:data:`WATCHDOG_SECONDS` into a ``TimeoutError`` — a failed test, never a hang.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +31,28 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 BLOCK_SIZE = 32
 NUM_BLOCKS = 512
 MAX_DRAIN_STEPS = 200
+MAX_STEPS = 2000
+"""Steps one run may take: far more than the tests' prompts need, far fewer than a hang would."""
+WATCHDOG_SECONDS = 300.0
+"""The longest one engine may take, built, served and shut down."""
+
+
+@contextmanager
+def watchdog(seconds: float, what: str) -> Iterator[None]:
+    """Raise ``TimeoutError`` in the main thread when the body runs longer than ``seconds``."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("the watchdog needs the main thread (SIGALRM)")
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"{what}: still running after {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass
@@ -33,6 +63,7 @@ class Run:
     logprobs: list[list[dict[int, float]]]
     cached: list[int]
     seconds: float
+    finish_reasons: list[str | None] = field(default_factory=lambda: list[str | None]())
 
 
 @dataclass
@@ -56,10 +87,29 @@ def serve(
     cache_salt: str | None = None,
     **llm_options: Any,
 ) -> Served:
-    """A fresh engine serves ``prompts`` ``runs`` times (greedy), then is shut down.
+    """A fresh engine serves ``prompts`` ``runs`` times (greedy), then is shut down (watched).
 
     ``cache_salt``: every prompt's (a tenant's); ``llm_options``: more of ``LLM``'s arguments
     (``tensor_parallel_size``, ``distributed_executor_backend``)."""
+    with watchdog(WATCHDOG_SECONDS, "serving the tiny model"):
+        return _serve(
+            model, prompts, max_tokens=max_tokens, runs=runs, kv_transfer_config=kv_transfer_config,
+            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager, cache_salt=cache_salt,
+            llm_options=llm_options,
+        )
+
+
+def _serve(
+    model: Path,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_tokens: int,
+    runs: int,
+    kv_transfer_config: Mapping[str, Any] | None,
+    disable_hybrid_kv_cache_manager: bool | None,
+    cache_salt: str | None,
+    llm_options: Mapping[str, Any],
+) -> Served:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -81,15 +131,25 @@ def serve(
     scheduler = core.scheduler
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=1, ignore_eos=True)
     done: list[Run] = []
+    engine = llm.llm_engine
     try:
-        for _ in range(runs):
+        for run in range(runs):
             began = time.perf_counter()
-            inputs = [
-                TokensPrompt(prompt_token_ids=list(p)) if cache_salt is None
-                else TokensPrompt(prompt_token_ids=list(p), cache_salt=cache_salt)
-                for p in prompts
-            ]
-            outputs = llm.generate(inputs, params, use_tqdm=False)
+            ids = [f"run{run}-{index}" for index in range(len(prompts))]
+            for request_id, prompt in zip(ids, prompts):
+                inputs = (
+                    TokensPrompt(prompt_token_ids=list(prompt)) if cache_salt is None
+                    else TokensPrompt(prompt_token_ids=list(prompt), cache_salt=cache_salt)
+                )
+                engine.add_request(request_id, inputs, params)
+            finished: dict[str, Any] = {}
+            for _ in range(MAX_STEPS):
+                finished.update((out.request_id, out) for out in engine.step() if out.finished)
+                if len(finished) == len(ids):
+                    break
+            else:
+                raise TimeoutError(f"run {run}: {len(ids) - len(finished)} request(s) unfinished after {MAX_STEPS} steps")
+            outputs = [finished[request_id] for request_id in ids]
             for _ in range(MAX_DRAIN_STEPS):  # finish the connector's work, as a serving engine would
                 if not scheduler.has_requests():
                     break
@@ -104,6 +164,7 @@ def serve(
                 ],
                 cached=[o.num_cached_tokens or 0 for o in outputs],
                 seconds=time.perf_counter() - began,
+                finish_reasons=[o.outputs[0].finish_reason for o in outputs],
             ))
         connector = scheduler.connector
         stats = connector.stats_since_start() if hasattr(connector, "stats_since_start") else {}

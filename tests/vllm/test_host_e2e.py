@@ -93,7 +93,7 @@ def test_hma_host_over_cpu_and_file_stores(model_dir: Path, tmp_path: Path, refe
     second = serve(model_dir, PROMPTS, max_tokens=SHORT, kv_transfer_config=config)
     assert second.groups == 2
     assert counter(second.stats, "hit_tokens") > 0, f"run 2 loaded nothing: {second.stats}"
-    assert second.stats["#2"]["loaded_blocks"] > 0  # the file store (the host pool is empty in a new engine)
+    assert second.stats["FileStoreConnector"]["loaded_blocks"] > 0  # the file store (the host pool is empty in a new engine)
     assert second.runs[0].cached == ref.runs[1].cached
     assert_same(second, ref, run=1, label="run 2")
 
@@ -199,7 +199,7 @@ def test_plain_host_lets_vllm_turn_hma_off(model_dir: Path, tmp_path: Path, refe
     assert_same(first, ref, run=0, label="run 1")
     second = serve(model_dir, PROMPTS, max_tokens=SHORT, kv_transfer_config=config, disable_hybrid_kv_cache_manager=None)
     assert second.groups == 1
-    assert second.stats["#2"]["hit_tokens"] > 0, f"run 2 loaded nothing from the file store: {second.stats}"
+    assert second.stats["FileStoreConnector"]["hit_tokens"] > 0, f"run 2 loaded nothing from the file store: {second.stats}"
     assert second.runs[0].cached == ref.runs[1].cached
     assert_same(second, ref, run=1, label="run 2")
 
@@ -211,3 +211,21 @@ def test_wrong_kv_is_caught(model_dir: Path, reference: Callable[..., Served]) -
     liar = serve(model_dir, PROMPTS, max_tokens=SHORT, kv_transfer_config=config)
     assert liar.runs[0].cached == ref.runs[1].cached  # the same compute shape as the reference's run 2 ...
     assert liar.runs[0].logprobs != ref.runs[1].logprobs  # ... and different bytes: the test sees them
+
+
+def test_the_drop_in_serves_vllms_configuration_shape(
+    model_dir: Path, tmp_path: Path, reference: Callable[..., Served]
+) -> None:
+    """capkv.vllm.MultiConnector with vLLM's ``connectors`` list (capkv's stores through a nested host):
+    vLLM keeps HMA on (every child supports it), and run 2 loads, bit-equal to a local prefix hit."""
+    ref = reference(PROMPTS, SHORT, hma=True)
+    nested = host("CapkvHMAConnector", multi(cpu(), files(tmp_path / "store")))
+    config = {"kv_connector": "MultiConnector", "kv_connector_module_path": "capkv.vllm", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"connectors": [nested]}}
+    first = serve(model_dir, PROMPTS, max_tokens=SHORT, kv_transfer_config=config)
+    assert first.groups == 2
+    assert_same(first, ref, run=0, label="run 1")
+    second = serve(model_dir, PROMPTS, max_tokens=SHORT, kv_transfer_config=config)
+    assert counter(second.stats, "hit_tokens") > 0, f"run 2 loaded nothing: {second.stats}"
+    assert second.runs[0].cached == ref.runs[1].cached
+    assert_same(second, ref, run=1, label="run 2")

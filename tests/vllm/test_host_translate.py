@@ -4,64 +4,155 @@ from __future__ import annotations
 
 import pytest
 
-from capkv import ContractError, MetadataError
+from capkv import MetadataError
 from capkv.connectors import SaveReport
 
 
-def test_load_errors_flatten_losslessly() -> None:
-    from capkv.adapters.vllm._translate import flat_load_errors
+def test_a_load_reported_asynchronous_with_several_groups_is_finished_and_failed_by_request() -> None:
+    """Several groups: vLLM hears every load as asynchronous; the worker reports it finished in the
+    step it ran, failed when a block of it failed, and never a flat block id."""
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
 
-    assert flat_load_errors({0: {3, 4}, 1: {7}}) == {3, 4, 7}
-    assert flat_load_errors({}) == set()
+    spec = KVSpec(num_groups=2, num_blocks=64, groups=(KVGroupSpec(block_size=16),) * 2)
+    planner, tracker = LoadPlanner(spec), LoadTracker(spec, owner="host")
+    assert planner.answer("a", 0, 32, False) == (32, True)
+    assert planner.answer("b", 16, 16, False) == (16, True)
+    assert planner.answer("c", 0, 0, False) == (0, False)
+    planner.allocated("a", ([1, 2, 3], [4, 5, 6]), 32)
+    planner.allocated("b", ([7, 8], [9, 10]), 16)
+    planner.allocated("c", ([11], [12]), 0)
+    loads = planner.take()
+    assert [(p.request_id, p.host_async) for p in loads] == [("a", True), ("b", True)]
+    tracker.bind(loads)
+    assert tracker.host_async_in_step
+    settled = tracker.settle(None, {1: {5}})
+    assert (settled.finished_recving, settled.failed_recving, settled.flat_errors) == ({"a", "b"}, {"a"}, set())
+    assert (settled.landed, settled.failed, settled.errors) == (frozenset({"b"}), frozenset({"a"}), {1: {5}})
+    # the scheduler side: the stack never expected these receives; "a" is never offered a load again
+    assert planner.reported({"a", "b"}, settled.landed, settled.failed) == frozenset()
+    assert planner.refuses("a") and not planner.refuses("b")
+    # a late error (the load is over) is dropped and counted, never raised
+    assert tracker.settle(None, {0: {1}}).errors == {} and tracker.dropped == 1
 
 
-def test_flat_load_errors_are_attributed_from_loading_block_tables() -> None:
-    from capkv.adapters.vllm._translate import LoadingBlocks
+def test_a_request_finishing_before_its_load_is_confirmed_hands_over_no_loaded_block() -> None:
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner
 
-    loading = LoadingBlocks("CapkvHMAConnector")
-    loading.record("a", ([1, 2], [0, 5]), null_block_id=0)
-    assert loading.attribute({2, 5}, method="m") == {0: frozenset({2}), 1: frozenset({5})}
-    with pytest.raises(ContractError, match="block 9, which no request with a planned load holds") as caught:
-        loading.attribute({9}, method="update_connector_output")
-    assert (caught.value.connector, caught.value.method, caught.value.value) == (
-        "CapkvHMAConnector", "update_connector_output", 9,
+    spec = KVSpec(num_groups=2, num_blocks=64, groups=(KVGroupSpec(block_size=16),) * 2)
+    planner = LoadPlanner(spec)
+    planner.answer("a", 16, 32, False)
+    planner.allocated("a", ([1, 2, 3], [4, 5, 6]), 32)
+    planner.take()
+    assert planner.finishing("a", ([1, 2, 3], [4, 5, 6])) == ([1, 0, 0], [4, 0, 0])
+    planner.answer("b", 0, 16, False)
+    planner.allocated("b", ([7, 8], [9, 10]), 16)
+    planner.reported((), {"b"}, ())
+    assert planner.finishing("b", ([7, 8], [9, 10])) == ([7, 8], [9, 10])  # confirmed: every block is real
+
+
+def test_one_group_reports_flat_block_ids_for_sync_and_async_loads() -> None:
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
+
+    spec = KVSpec(num_groups=1, num_blocks=64, groups=(KVGroupSpec(block_size=16),) * 1)
+    planner, tracker = LoadPlanner(spec), LoadTracker(spec, owner="host")
+    assert planner.answer("sync", 0, 32, False) == (32, False)
+    assert planner.answer("async", 0, 32, True) == (32, True)
+    planner.allocated("sync", ([1, 2],), 32)
+    planner.allocated("async", ([3, 4],), 32)
+    tracker.bind(planner.take())
+    first = tracker.settle(None, {0: {2, 4}})
+    assert (first.finished_recving, first.failed_recving, first.flat_errors) == (set(), set(), {2, 4})
+    assert (first.landed, first.failed) == (frozenset(), frozenset({"sync"}))
+    second = tracker.settle({"async"}, {})  # the asynchronous load ends a step later: failed then
+    assert (second.finished_recving, second.failed) == ({"async"}, frozenset({"async"}))
+
+
+def test_a_step_whose_loads_could_not_run_fails_every_one_of_them() -> None:
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
+
+    spec = KVSpec(num_groups=2, num_blocks=64, groups=(KVGroupSpec(block_size=16),) * 2)
+    planner, tracker = LoadPlanner(spec), LoadTracker(spec, owner="host")
+    planner.answer("a", 0, 16, False)
+    planner.allocated("a", ([1, 0], [2, 3]), 16)
+    tracker.bind(planner.take())
+    tracker.fail_step()
+    settled = tracker.settle(None, {})
+    assert (settled.failed_recving, settled.errors) == ({"a"}, {0: {1}, 1: {2, 3}})
+    planner.answer("b", 0, 16, False)
+    planner.allocated("b", ([4], [5]), 16, failed=True)  # a child failed planning it
+    tracker.bind(planner.take())
+    assert tracker.settle(None, {}).failed == frozenset({"b"})
+
+
+def test_stats_travel_in_vllms_types_per_child_class() -> None:
+    """vLLM's composite's shape: per child class, a vLLM child's own stats object, capkv's counters
+    as CapkvStats (whose reduce is every counter), the host's own under "capkv"."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorStats
+
+    from capkv.adapters.vllm._stats import CapkvStats, host_stats, merge_counts, rebuild_stats, stats_data
+
+    class Theirs(KVConnectorStats):
+        def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+            return Theirs({"xfers": self.data["xfers"] + other.data["xfers"]})
+
+        def reduce(self) -> dict[str, int | float]:
+            return {"Num transfers": len(self.data["xfers"])}
+
+    children = [("FileStoreConnector", False), ("ExampleConnector", True), ("FileStoreConnector", False)]
+    stats = host_stats(
+        children, {0: {"loaded_blocks": 2}, 1: Theirs({"xfers": [1.0]}), 2: {"loaded_blocks": 3, "hit_tokens": 64}},
+        {"contained_errors": 1}, composite=True,
     )
-    with pytest.raises(ContractError):
-        loading.attribute({0}, method="m")  # the null block is never loaded: it belongs to no group
-    loading.record("b", ([], [2]), null_block_id=0)  # block 2 freed by "a" (preempted) and reused in group 1
-    assert loading.attribute({2}, method="m") == {1: frozenset({2})}
-    loading.forget("a")  # "a" finishing does not take "b"'s block away
-    assert loading.attribute({2}, method="m") == {1: frozenset({2})}
-    loading.forget("b")
-    with pytest.raises(ContractError):
-        loading.attribute({2}, method="m")
-
-
-def test_stats_merge_per_child_and_reduce() -> None:
-    from capkv.adapters.vllm._translate import CapkvStats, merge_counts, stats_data
-
-    scheduler = stats_data({1: {"hit_tokens": 64}})
-    worker = stats_data({1: {"loaded_blocks": 2}, 0: {"saved_blocks": 3}})
-    assert scheduler == {"#2": {"hit_tokens": 64}}
-    merged = CapkvStats(worker).aggregate(CapkvStats(scheduler)).aggregate(CapkvStats(worker))
-    assert merged.data == {"#2": {"loaded_blocks": 4, "hit_tokens": 64}, "#1": {"saved_blocks": 6}}
-    assert merged.reduce() == {"#2.loaded_blocks": 4, "#2.hit_tokens": 64, "#1.saved_blocks": 6}
-    assert stats_data("opaque") == {"stack": "opaque"}
+    assert isinstance(stats, MultiKVConnectorStats)
+    assert stats.reduce() == {
+        "FileStoreConnector": {"loaded_blocks": 5, "hit_tokens": 64},
+        "ExampleConnector": {"Num transfers": 1},
+        "capkv": {"contained_errors": 1},
+    }
+    assert host_stats([("FileStoreConnector", False)], {"saved_blocks": 4}, {}, composite=False) is not None
+    assert host_stats([("FileStoreConnector", False)], None, {}, composite=False) is None
+    # across processes: rebuilt per key; capkv's connectors by capkv's registry, vLLM's by vLLM's
+    rebuilt = rebuild_stats({"FileStoreConnector": {"loaded_blocks": 5}, "capkv": {"contained_errors": 1}})
+    assert rebuilt.data == {"FileStoreConnector": CapkvStats({"loaded_blocks": 5}), "capkv": CapkvStats({"contained_errors": 1})}
+    with pytest.raises(ValueError, match="Connector 'NoSuchConnector' is not registered"):
+        rebuild_stats({"NoSuchConnector": {}})
+    # a capkv child named as a vLLM connector is (MultiConnector), and a nested host's statistics, cross a process
+    nested = host_stats([("MultiConnector", False)], {0: {1: {"loaded_blocks": 2}}}, {}, composite=True)
+    outer = host_stats([("CapkvHMAConnector", True)], {0: nested}, {}, composite=True)
+    assert outer is not None
+    back = rebuild_stats(outer.to_dict())
+    assert back.reduce() == outer.reduce() == {"CapkvHMAConnector": {"MultiConnector": {"#2.loaded_blocks": 2}}}
+    assert stats_data({1: {"hit_tokens": 64}}) == {"#2": {"hit_tokens": 64}}
     assert merge_counts({"a": 1, "b": "x"}, {"a": 2, "b": "y", "c": True}) == {"a": 3, "b": "y", "c": True}
-    assert not merged.is_empty()
-    merged.reset()
-    assert merged.is_empty()
+    nested = CapkvStats({"#2": {"loaded_blocks": 4}})
+    assert nested.reduce() == {"#2.loaded_blocks": 4} and not nested.is_empty()
+    nested.reset()
+    assert nested.is_empty()
 
 
-def test_worker_metadata_travels_in_a_vllm_envelope() -> None:
+def test_worker_metadata_travels_in_vllms_composite_envelope() -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorWorkerMetadata
 
-    from capkv.adapters.vllm._translate import HostWorkerMetadata
+    from capkv.adapters.vllm._translate import HostWorkerMetadata, host_worker_meta, stack_worker_meta
+    from capkv.composite._metadata import MultiWorkerMetadata
 
-    one = HostWorkerMetadata(SaveReport(loaded_through=3))
-    two = HostWorkerMetadata(SaveReport(loaded_through=5))
-    assert isinstance(one, KVConnectorWorkerMetadata)
-    assert one.aggregate(two).inner == SaveReport(loaded_through=3)
+    one = host_worker_meta(SaveReport(loaded_through=3), False, errors={0: frozenset({1})}, landed=frozenset({"a", "b"}))
+    two = host_worker_meta(None, False, errors={0: frozenset({2}), 1: frozenset({3})}, landed=frozenset({"a"}),
+                           failed=frozenset({"b"}))
+    assert isinstance(one, MultiKVConnectorWorkerMetadata) and isinstance(one, KVConnectorWorkerMetadata)
+    merged = one.aggregate(two)
+    assert stack_worker_meta(merged, False) == SaveReport(loaded_through=3)
+    assert merged.errors == {0: frozenset({1, 2}), 1: frozenset({3})}
+    assert (merged.landed, merged.failed) == (frozenset({"a"}), frozenset({"b"}))  # failed on any worker: failed
+    per_child = host_worker_meta(MultiWorkerMetadata((None, SaveReport(loaded_through=1))), True)
+    assert per_child.metadata == (None, SaveReport(loaded_through=1))  # vLLM's composite's shape
+    assert stack_worker_meta(per_child, True) == MultiWorkerMetadata((None, SaveReport(loaded_through=1)))
 
     class Foreign(KVConnectorWorkerMetadata):
         def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
@@ -69,27 +160,35 @@ def test_worker_metadata_travels_in_a_vllm_envelope() -> None:
 
     with pytest.raises(MetadataError, match="expected another HostWorkerMetadata"):
         one.aggregate(Foreign())
+    assert isinstance(one.aggregate(MultiKVConnectorWorkerMetadata((None,))), HostWorkerMetadata)
 
 
 def test_vllm_output_becomes_capkv_output() -> None:
     from vllm.v1.outputs import KVConnectorOutput
 
     from capkv import KVConnectorOutput as CapkvOutput
-    from capkv.adapters.vllm._translate import HostWorkerMetadata, LoadingBlocks, to_capkv_output
+    from capkv import KVGroupSpec, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner
+    from capkv.adapters.vllm._translate import host_worker_meta, to_capkv_output
 
-    loading = LoadingBlocks("CapkvConnector")
-    loading.record("r", ([4, 5],), null_block_id=0)
+    planner = LoadPlanner(KVSpec(num_groups=1, num_blocks=8, groups=(KVGroupSpec(block_size=16),)))
     report = SaveReport(loaded_through=1)
     vllm_output = KVConnectorOutput(
-        finished_sending={"s"}, finished_recving=None, kv_connector_worker_meta=HostWorkerMetadata(report),
+        finished_sending={"s"}, finished_recving=None,
+        kv_connector_worker_meta=host_worker_meta(report, False, errors={0: frozenset({5})}, failed=frozenset({"r"})),
         invalid_block_ids={5},
     )
-    assert to_capkv_output(vllm_output, loading, owner="CapkvConnector") == CapkvOutput(
+    got = to_capkv_output(vllm_output, planner, composite=False, owner="CapkvConnector")
+    assert CapkvOutput(
+        finished_sending=got.finished_sending, finished_recving=got.finished_recving, worker_meta=got.worker_meta,
+        invalid_block_ids=got.invalid_block_ids,
+    ) == CapkvOutput(
         finished_sending=frozenset({"s"}), finished_recving=frozenset(), worker_meta=report,
         invalid_block_ids={0: frozenset({5})},
     )
+    assert planner.refuses("r")
     with pytest.raises(MetadataError, match="expected HostWorkerMetadata from the workers"):
-        to_capkv_output(KVConnectorOutput(kv_connector_worker_meta=report), loading, owner="CapkvConnector")  # type: ignore[arg-type]
+        to_capkv_output(KVConnectorOutput(kv_connector_worker_meta=report), planner, composite=False, owner="CapkvConnector")  # type: ignore[arg-type]
 
 
 def test_class_level_facts_answer_from_the_configured_classes() -> None:

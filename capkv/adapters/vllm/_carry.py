@@ -21,7 +21,14 @@ from capkv.contracts._engine import BlockIds, KVConnectorOutput, LoadErrors
 from capkv.contracts._engine import WorkerMetadata as WorkerMetadata  # as above
 from capkv.errors import ContractError
 
-__all__ = ["VLLM_NULL_BLOCK_ID", "VllmBlockIds", "VllmOutputCarrier", "attribute_load_errors", "block_ids_from_vllm"]
+__all__ = [
+    "VLLM_NULL_BLOCK_ID",
+    "PPHandshakes",
+    "VllmBlockIds",
+    "VllmOutputCarrier",
+    "attribute_load_errors",
+    "block_ids_from_vllm",
+]
 
 VLLM_NULL_BLOCK_ID: Final = 0
 """vLLM's block pool makes block 0 the null block (``is_null``)."""
@@ -46,6 +53,23 @@ class VllmOutputCarrier(KVConnectorOutput):
     its worker metadata set to the child's own for the call (as vLLM's MultiConnector does)."""
 
     vllm_output: VllmKVConnectorOutput | None = None
+
+
+class PPHandshakes(dict[int, object]):
+    """The workers' handshake metadata by tensor-parallel rank (capkv's contract), carrying vLLM's
+    ``(pp_rank, tp_rank)``-keyed original for wrapped vLLM children (``set_xfer_handshake_metadata_pp_aware``).
+
+    The rank view holds the first pipeline stage's workers, as vLLM's base class hands a connector
+    that is not pipeline-aware.
+    """
+
+    by_pp_rank: dict[tuple[int, int], object]
+
+    @classmethod
+    def of(cls, metadata: Mapping[tuple[int, int], object]) -> PPHandshakes:
+        carried = cls({tp_rank: meta for (pp_rank, tp_rank), meta in metadata.items() if pp_rank == 0})
+        carried.by_pp_rank = dict(metadata)
+        return carried
 
 
 def attribute_load_errors(

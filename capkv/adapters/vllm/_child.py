@@ -38,7 +38,13 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
 from capkv._homes import publish
-from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, VllmOutputCarrier, attribute_load_errors
+from capkv.adapters.vllm._carry import (
+    VLLM_NULL_BLOCK_ID,
+    PPHandshakes,
+    VllmBlockIds,
+    VllmOutputCarrier,
+    attribute_load_errors,
+)
 from capkv.capabilities._hma import StackNode
 from capkv.contracts._engine import (
     AttentionMetadata,
@@ -55,7 +61,15 @@ from capkv.contracts._engine import (
 )
 from capkv.errors import CapabilityError, ConfigError, ContractError
 
-__all__ = ["ChildMetadata", "HMAVllmChild", "VllmChild", "is_hma_vllm_connector", "vllm_connectors", "wrap"]
+__all__ = [
+    "ChildMetadata",
+    "HMAVllmChild",
+    "VllmChild",
+    "is_hma_vllm_connector",
+    "vllm_connectors",
+    "wrap",
+    "wrap_configured",
+]
 
 _V = TypeVar("_V", bound=KVConnectorBase_V1 | SupportsHMA, covariant=True)
 _HV = TypeVar("_HV", bound=SupportsHMA, covariant=True)
@@ -113,18 +127,24 @@ class VllmChild(Generic[_V]):
         self, connector: _V, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = VLLM_NULL_BLOCK_ID
     ) -> None:
         self._inner: KVConnectorBase_V1 = cast("KVConnectorBase_V1", connector)
-        self._cls: type[KVConnectorBase_V1] = type(self._inner)
+        self._cls: type[Any] = type(self._inner)
+        """Answers vLLM's class-level calls: the connector's class, or the class it was configured as
+        (a class may hand back another object from its constructor, as vLLM's tests' mocks do)."""
         self._name = type(connector).__name__
         self._vllm_config = vllm_config
         self._null_block_id = null_block_id
         self._planned_loads: dict[str, BlockIds] = {}
         self._group_of: dict[int, int] = {}
+        self._loading: dict[str, BlockIds] = {}
+        """Worker side: the block tables of loads in flight, for a receive the connector reports failed."""
+        self._failed_blocks: LoadErrors = {}
         # Hot calls, bound once; ``Any``: capkv's request protocol stands for vLLM's Request here.
         calls: Any = connector
         self._allocated: Callable[[Any, KVCacheBlocks, int], None] = calls.update_state_after_alloc
         self._results: Callable[[set[str]], Any] = calls.get_transfer_results
         # vLLM's base get_transfer_results only repackages get_finished: ask get_finished then.
-        self._uses_get_finished = self._cls.get_transfer_results is KVConnectorBase_V1.get_transfer_results
+        own = getattr(type(self._inner), "get_transfer_results", None)
+        self._uses_get_finished = own is KVConnectorBase_V1.get_transfer_results
         # Members whose vLLM call is capkv's call are the connector's own bound methods on the
         # instance (shadowing this class's forwarding ones): no extra call frame per call.
         direct = _DIRECT + (("get_finished",) if self._uses_get_finished else ())
@@ -186,7 +206,8 @@ class VllmChild(Generic[_V]):
 
     def get_required_kvcache_layout(self) -> str | None:
         """vLLM's class-level call, with the connector's own ``VllmConfig``."""
-        return self._cls.get_required_kvcache_layout(self._config(_LAYOUT))
+        layout: str | None = self._cls.get_required_kvcache_layout(self._config(_LAYOUT))
+        return layout
 
     def get_finished_count(self) -> int | None:
         return self._inner.get_finished_count()
@@ -195,10 +216,15 @@ class VllmChild(Generic[_V]):
         """vLLM's class-level call, with the connector's own ``kv_connector_extra_config``."""
         transfer = self._config(_PIECEWISE).kv_transfer_config
         extra = dict(transfer.kv_connector_extra_config) if transfer is not None else {}
-        return self._cls.requires_piecewise_for_cudagraph(extra)
+        piecewise: bool = self._cls.requires_piecewise_for_cudagraph(extra)
+        return piecewise
 
     def set_xfer_handshake_metadata(self, metadata: Mapping[int, HandshakeMetadata], /) -> None:
-        self._inner.set_xfer_handshake_metadata(dict(metadata))
+        """vLLM's pipeline-aware call when the host carried vLLM's ``(pp_rank, tp_rank)`` keys."""
+        if isinstance(metadata, PPHandshakes):
+            self._inner.set_xfer_handshake_metadata_pp_aware(cast("Any", dict(metadata.by_pp_rank)))
+        else:
+            self._inner.set_xfer_handshake_metadata(dict(metadata))
 
     def _config(self, method: str) -> VllmConfig:
         config = self._vllm_config
@@ -232,6 +258,7 @@ class VllmChild(Generic[_V]):
             return metadata
         group_of = self._group_of  # a block belongs to one group at a time: the latest planned load says which
         null = self._null_block_id
+        self._loading.update(metadata.loads)
         for block_ids in metadata.loads.values():
             for group, ids in enumerate(block_ids):
                 for block_id in ids:
@@ -259,16 +286,37 @@ class VllmChild(Generic[_V]):
         if self._uses_get_finished:
             return self._inner.get_finished(finished_req_ids)
         results = self._results(finished_req_ids)
+        loading = self._loading
+        if loading:
+            if results.failed_recving:
+                self._fail_receives(results.failed_recving)
+            for request_id in results.finished_recving or ():
+                loading.pop(request_id, None)
+            for request_id in finished_req_ids:
+                loading.pop(request_id, None)
         return results.finished_sending or None, results.finished_recving or None
+
+    def _fail_receives(self, request_ids: set[str]) -> None:
+        """A receive vLLM's connector reports failed: every block of its load failed (capkv's channel)."""
+        null = self._null_block_id
+        for request_id in request_ids:
+            for group, ids in enumerate(self._loading.get(request_id, ())):
+                failed = {block_id for block_id in ids if block_id != null}
+                if failed:
+                    self._failed_blocks.setdefault(group, set()).update(failed)
 
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         """vLLM's flat set, per group, from the block tables of the planned loads."""
         flat = self._inner.get_block_ids_with_load_errors()
+        failed, self._failed_blocks = self._failed_blocks, {}
         if not flat:
-            return {}
-        return attribute_load_errors(
+            return failed
+        errors = attribute_load_errors(
             flat, self._group_of.get, owner=self._name, method="get_block_ids_with_load_errors"
         )
+        for group, ids in failed.items():
+            errors.setdefault(group, set()).update(ids)
+        return errors
 
     def build_connector_worker_meta(self) -> WorkerMetadata | None:
         return self._inner.build_connector_worker_meta()
@@ -380,6 +428,16 @@ def wrap(
     if is_hma_vllm_connector(connector):
         return HMAVllmChild[Any](connector, vllm_config=vllm_config, null_block_id=null_block_id)
     return VllmChild[Any](connector, vllm_config=vllm_config, null_block_id=null_block_id)
+
+
+def wrap_configured(
+    connector: object, cls: type[Any], *, vllm_config: VllmConfig | None, null_block_id: int
+) -> VllmChild[Any]:
+    """:func:`wrap`, answering vLLM's class-level calls from ``cls``, the class the connector was
+    configured as (vLLM asks the configured class; its constructor may hand back another object)."""
+    child: VllmChild[Any] = wrap(cast("Any", connector), vllm_config=vllm_config, null_block_id=null_block_id)
+    vars(child)["_cls"] = cls
+    return child
 
 
 wrap_vllm_connector = wrap

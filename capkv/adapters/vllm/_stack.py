@@ -7,7 +7,8 @@ its kind expects:
 
 - a vLLM connector class: ``cls(vllm_config, role, kv_cache_config)``, with a copy of
   the engine's config whose ``kv_transfer_config`` is the child's own entry (as
-  vLLM's MultiConnector does), then wrapped as a capkv child;
+  vLLM's MultiConnector builds it: every key of the entry, the host's ``engine_id``
+  unless the entry has one), then wrapped as a capkv child;
 - a capkv connector whose constructor's first parameter is a :class:`~capkv.KVSpec`
   (capkv's stores): ``cls(spec, **extra_config)`` with the engine's spec;
 - anything else: :func:`capkv.config.build_connector` (``from_extra_config`` or ``cls(**extra)``).
@@ -27,7 +28,8 @@ from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
-from capkv.adapters.vllm._child import wrap
+from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID
+from capkv.adapters.vllm._child import wrap_configured
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE, StaticFact, class_fact
 from capkv.composite._agreement import child_label, combine
 from capkv.config._build import build_connector, build_stack
@@ -45,7 +47,11 @@ class Engine:
     vllm_config: VllmConfig
     role: KVConnectorRole
     kv_cache_config: KVCacheConfig
-    spec: KVSpec
+    spec: KVSpec | None
+    """``None`` for vLLM's placeholder configuration without a KV-cache group."""
+    inherit_role: bool = True
+    """A vLLM child without a ``kv_role`` takes the host's (the ``stack`` shape); vLLM's own
+    composite leaves it unset (the drop-in, in vLLM's shape)."""
 
 
 def load_hosted(stack: Mapping[str, Any]) -> ConfiguredNode:
@@ -58,18 +64,28 @@ def is_vllm_connector(cls: type[Any]) -> bool:
     return issubclass(cls, KVConnectorBase_V1)
 
 
-def child_vllm_config(vllm_config: VllmConfig, leaf: ConfiguredConnector) -> VllmConfig:
+def child_vllm_config(vllm_config: VllmConfig, leaf: ConfiguredConnector, *, inherit_role: bool = True) -> VllmConfig:
     """The engine's config as ``leaf`` must see it: its own entry as the ``kv_transfer_config``."""
     host = vllm_config.kv_transfer_config
-    child = copy.copy(vllm_config)
-    child.kv_transfer_config = KVTransferConfig(
+    entry: dict[str, Any] = {
+        key: value for key, value in leaf.entry.items() if key in _TRANSFER_FIELDS and value is not None
+    }
+    entry.update(
         kv_connector=leaf.cls.__name__,
         kv_connector_module_path=leaf.cls.__module__,
         kv_connector_extra_config=dict(leaf.extra_config),
-        kv_role=None if host is None else host.kv_role,
-        engine_id=None if host is None else host.engine_id,
     )
+    if host is not None:
+        entry.setdefault("engine_id", host.engine_id)
+        if inherit_role:
+            entry.setdefault("kv_role", host.kv_role)
+    child = copy.copy(vllm_config)
+    child.kv_transfer_config = KVTransferConfig(**entry)
     return child
+
+
+_TRANSFER_FIELDS: frozenset[str] = frozenset(getattr(KVTransferConfig, "__dataclass_fields__", ()))
+"""What a ``KVTransferConfig`` takes (capkv's own keys in an entry are not passed on)."""
 
 
 def build_hosted(configured: ConfiguredNode, engine: Engine) -> Any:
@@ -81,14 +97,23 @@ def _build_leaf(leaf: ConfiguredConnector, engine: Engine) -> Any:
     if is_vllm_connector(leaf.cls):
         return _guarded(leaf, lambda: _wrap_vllm(leaf, engine))
     if _takes_spec(leaf.cls):
-        return _guarded(leaf, lambda: leaf.cls(engine.spec, **leaf.extra_config))
+        spec = engine.spec
+        if spec is None:
+            where = f"{leaf.position}: " if leaf.position else ""
+            raise ConfigError(
+                f'{where}"{leaf.name}" is built over the engine\'s KV-cache groups, and vLLM\'s KVCacheConfig '
+                "has none (a placeholder configuration)",
+                connector=leaf.position or leaf.name, method="__init__", value=0,
+            )
+        return _guarded(leaf, lambda: leaf.cls(spec, **leaf.extra_config))
     return build_connector(leaf)
 
 
 def _wrap_vllm(leaf: ConfiguredConnector, engine: Engine) -> Any:
-    config = child_vllm_config(engine.vllm_config, leaf)
-    built = leaf.cls(config, engine.role, engine.kv_cache_config)
-    return wrap(built, vllm_config=config, null_block_id=engine.spec.null_block_id)
+    config = child_vllm_config(engine.vllm_config, leaf, inherit_role=engine.inherit_role)
+    built: object = leaf.cls(config, engine.role, engine.kv_cache_config)
+    null = VLLM_NULL_BLOCK_ID if engine.spec is None else engine.spec.null_block_id
+    return wrap_configured(built, leaf.cls, vllm_config=config, null_block_id=null)
 
 
 def _guarded(leaf: ConfiguredConnector, make: Callable[[], Any]) -> Any:

@@ -3,65 +3,113 @@
 vLLM ships objects of its own classes between the scheduler and the workers
 (metadata, worker metadata, statistics) and reads some of them by type; capkv's
 are plain objects. Each capkv object travels inside a thin vLLM-typed envelope
-and is unwrapped on the other side. Load errors go the other way: capkv reports
-them per KV-cache group, vLLM wants one flat set of block ids — lossless,
-because a block id belongs to one group at a time — and gives the scheduler side
-that flat set back, which :class:`LoadingBlocks` attributes to groups from the
-block tables of the requests that were loading. Nothing is guessed: an id no
-loading request holds is a :class:`~capkv.ContractError`.
+and is unwrapped on the other side. Load errors travel per KV-cache group in the
+workers' report (:class:`HostWorkerMetadata`), with which loads landed or failed;
+vLLM's own channels for them are :mod:`capkv.adapters.vllm._loads`'s business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, cast
+from dataclasses import dataclass, field
+from enum import Enum
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorWorkerMetadata,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorWorkerMetadata
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
-from capkv.adapters.vllm._carry import attribute_load_errors
-from capkv.contracts._engine import BlockIds, KVConnectorOutput, LoadErrors, WorkerMetadata
+from capkv.adapters.vllm._carry import VllmOutputCarrier
+from capkv.adapters.vllm._loads import LoadPlanner, PlannedLoad
+from capkv.composite._metadata import MultiWorkerMetadata
+from capkv.contracts._engine import KVConnectorOutput, WorkerMetadata
 from capkv.errors import MetadataError
 
 __all__ = [
-    "CapkvStats",
+    "SITS_OUT",
     "HostHandshake",
     "HostMetadata",
     "HostWorkerMetadata",
-    "LoadingBlocks",
-    "flat_load_errors",
-    "merge_counts",
-    "stats_data",
+    "host_worker_meta",
+    "stack_worker_meta",
     "to_capkv_output",
 ]
 
 
+class SitsOut(Enum):
+    """The stack's metadata for a step could not be built: the stack sits the step out."""
+
+    SITS_OUT = "SITS_OUT"
+
+
+SITS_OUT = SitsOut.SITS_OUT
+
+
 @dataclass(frozen=True)
 class HostMetadata(KVConnectorMetadata):
-    """Scheduler → worker: the hosted stack's metadata for one step."""
+    """Scheduler → worker: the hosted stack's metadata for one step, and the loads planned in it."""
 
     inner: object
+    loads: tuple[PlannedLoad, ...] = ()
 
 
-@dataclass(frozen=True)
-class HostWorkerMetadata(KVConnectorWorkerMetadata):
-    """Worker → scheduler: the hosted stack's worker metadata; vLLM merges workers' with :meth:`aggregate`."""
+@dataclass
+class HostWorkerMetadata(MultiKVConnectorWorkerMetadata):
+    """Worker → scheduler: each child's worker metadata, as vLLM's composite ships its children's
+    (``metadata``: one entry per child of the hosted stack, ``None`` where a child had none), and how
+    the step's loads ended. vLLM merges the workers' reports with :meth:`aggregate`."""
 
-    inner: WorkerMetadata
+    metadata: tuple[Any, ...]  # capkv's children's reports are capkv's types
+    errors: Mapping[int, frozenset[int]] = field(default_factory=lambda: dict[int, frozenset[int]]())
+    """Load errors per group, attributed to loads in flight."""
+    landed: frozenset[str] = frozenset()
+    """Loads that ended with every block loaded."""
+    failed: frozenset[str] = frozenset()
+    """Loads that ended with a failed block."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> HostWorkerMetadata:
-        if not isinstance(other, HostWorkerMetadata):
+        """Another worker's report of the same step: child by child; a load failed if it failed on any worker."""
+        if not isinstance(other, MultiKVConnectorWorkerMetadata) or len(other.metadata) != len(self.metadata):
             raise MetadataError(
-                f"HostWorkerMetadata.aggregate: expected another HostWorkerMetadata, got {other!r}",
+                f"HostWorkerMetadata.aggregate: expected another HostWorkerMetadata of {len(self.metadata)} "
+                f"children, got {other!r}",
                 connector="CapkvConnector", method="aggregate", value=other,
             )
-        return HostWorkerMetadata(self.inner.aggregate(other.inner))
+        children = tuple(
+            theirs if mine is None else mine if theirs is None else mine.aggregate(theirs)
+            for mine, theirs in zip(self.metadata, other.metadata)
+        )
+        if not isinstance(other, HostWorkerMetadata):
+            return HostWorkerMetadata(children, self.errors, self.landed, self.failed)
+        errors = dict(self.errors)
+        for group, ids in other.errors.items():
+            errors[group] = errors.get(group, frozenset()) | ids
+        failed = self.failed | other.failed
+        return HostWorkerMetadata(children, errors, (self.landed | other.landed) - failed, failed)
+
+
+def host_worker_meta(
+    stack_meta: object, composite: bool, *, errors: Mapping[int, frozenset[int]] | None = None,
+    landed: frozenset[str] = frozenset(), failed: frozenset[str] = frozenset(),
+) -> HostWorkerMetadata:
+    """The stack's worker metadata (a composite's per child; a one-connector stack's own) in the envelope."""
+    if composite and isinstance(stack_meta, MultiWorkerMetadata):
+        children: tuple[Any, ...] = stack_meta.children
+    else:
+        children = (stack_meta,)
+    return HostWorkerMetadata(children, errors or {}, landed, failed)
+
+
+def stack_worker_meta(meta: MultiKVConnectorWorkerMetadata, composite: bool) -> WorkerMetadata | None:
+    """The stack's worker metadata out of the envelope (vLLM's own composite envelope is taken too)."""
+    children = cast("tuple[WorkerMetadata | None, ...]", meta.metadata)
+    if composite:
+        return None if all(child is None for child in children) else MultiWorkerMetadata(children)
+    return children[0] if children else None
 
 
 @dataclass(frozen=True)
@@ -78,121 +126,31 @@ class HostHandshake(KVConnectorHandshakeMetadata):
     worker_meta: WorkerMetadata | None
 
 
-@dataclass
-class CapkvStats(KVConnectorStats):
-    """The hosted stack's counters: numbers add up, nested mappings (per child) merge key by key."""
-
-    data: dict[str, Any] = field(default_factory=lambda: dict[str, Any]())
-
-    def reset(self) -> None:
-        self.data = {}
-
-    def aggregate(self, other: KVConnectorStats) -> CapkvStats:
-        return CapkvStats(merge_counts(self.data, other.data))
-
-    def reduce(self) -> dict[str, int | float]:
-        """Every numeric counter, its path joined with dots (e.g. ``#2.loaded_blocks``)."""
-        return dict(_flatten(self.data, ""))
-
-    def is_empty(self) -> bool:
-        return not self.data
-
-
-def stats_data(stats: object) -> dict[str, Any]:
-    """A stack's statistics as vLLM's ``KVConnectorStats.data``: string keys, a composite's children as ``#1``, ``#2``."""
-    if not isinstance(stats, Mapping):
-        return {"stack": stats}
-    data: dict[str, Any] = {}
-    for key, value in cast("Mapping[object, Any]", stats).items():
-        name = f"#{key + 1}" if isinstance(key, int) and not isinstance(key, bool) else str(key)
-        data[name] = stats_data(cast("Mapping[object, Any]", value)) if isinstance(value, Mapping) else value
-    return data
-
-
-def merge_counts(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """``old`` and ``new`` merged: numbers summed, mappings merged recursively, anything else replaced."""
-    merged = dict(old)
-    for key, new_value in new.items():
-        mine: object = merged.get(key)
-        theirs: object = new_value
-        if _is_number(mine) and _is_number(theirs):
-            merged[key] = cast("float", mine) + cast("float", theirs)
-        elif isinstance(mine, Mapping) and isinstance(theirs, Mapping):
-            merged[key] = merge_counts(cast("Mapping[str, Any]", mine), cast("Mapping[str, Any]", theirs))
-        else:
-            merged[key] = theirs
-    return merged
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _flatten(data: Mapping[str, Any], prefix: str) -> Iterable[tuple[str, int | float]]:
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            yield from _flatten(cast("Mapping[str, Any]", value), path)
-        elif _is_number(value):
-            yield path, cast("int | float", value)
-
-
-def flat_load_errors(errors: LoadErrors) -> set[int]:
-    """capkv's per-group load errors as vLLM's flat set (a block id belongs to one group at a time)."""
-    flat: set[int] = set()
-    for block_ids in errors.values():
-        flat |= block_ids
-    return flat
-
-
-class LoadingBlocks:
-    """The blocks of requests with a load planned, by group: where a flat load-error id belongs."""
-
-    __slots__ = ("_owner", "_by_request", "_group_of")
-
-    def __init__(self, owner: str) -> None:
-        self._owner = owner
-        self._by_request: dict[str, BlockIds] = {}
-        self._group_of: dict[int, tuple[int, str]] = {}
-
-    def record(self, request_id: str, block_ids: BlockIds, null_block_id: int) -> None:
-        """``request_id`` loads into ``block_ids``; the latest allocation of a block wins."""
-        self.forget(request_id)
-        self._by_request[request_id] = block_ids
-        for group, ids in enumerate(block_ids):
-            for block_id in ids:
-                if block_id != null_block_id:
-                    self._group_of[block_id] = (group, request_id)
-
-    def forget(self, request_id: str) -> None:
-        """``request_id`` finished: its blocks may go to any group now."""
-        for ids in self._by_request.pop(request_id, ()):
-            for block_id in ids:
-                if self._group_of.get(block_id, (0, ""))[1] == request_id:
-                    del self._group_of[block_id]
-
-    def attribute(self, flat: Iterable[int], *, method: str) -> dict[int, frozenset[int]]:
-        """vLLM's flat load-error set, per group."""
-        errors = attribute_load_errors(flat, self._group, owner=self._owner, method=method)
-        return {group: frozenset(ids) for group, ids in errors.items()}
-
-    def _group(self, block_id: int) -> int | None:
-        found = self._group_of.get(block_id)
-        return None if found is None else found[0]
-
-
-def to_capkv_output(output: VllmKVConnectorOutput, loading: LoadingBlocks, *, owner: str) -> KVConnectorOutput:
-    """vLLM's step report as the hosted stack reads it: frozen sets, its own worker metadata, errors per group."""
+def to_capkv_output(
+    output: VllmKVConnectorOutput, planner: LoadPlanner, *, composite: bool, owner: str
+) -> KVConnectorOutput:
+    """vLLM's step report as the hosted stack reads it: frozen sets, its own worker metadata, errors per
+    group (from the workers' report: lossless with any group count), vLLM's original carried along."""
     method = "update_connector_output"
     meta = output.kv_connector_worker_meta
-    if meta is not None and not isinstance(meta, HostWorkerMetadata):
+    if meta is not None and not isinstance(meta, MultiKVConnectorWorkerMetadata):
         raise MetadataError(
             f"{owner}.{method}: expected HostWorkerMetadata from the workers, got {meta!r}",
             connector=owner, method=method, value=meta,
         )
-    return KVConnectorOutput(
+    if not isinstance(meta, HostWorkerMetadata):
+        recving = planner.reported(output.finished_recving or (), (), ())
+        return VllmOutputCarrier(
+            finished_sending=frozenset(output.finished_sending or ()),
+            finished_recving=recving,
+            worker_meta=None if meta is None else stack_worker_meta(meta, composite),
+            vllm_output=output,
+        )
+    recving = planner.reported(output.finished_recving or (), meta.landed, meta.failed)
+    return VllmOutputCarrier(
         finished_sending=frozenset(output.finished_sending or ()),
-        finished_recving=frozenset(output.finished_recving or ()),
-        worker_meta=None if meta is None else meta.inner,
-        invalid_block_ids=loading.attribute(output.invalid_block_ids or (), method=method),
+        finished_recving=recving,
+        worker_meta=stack_worker_meta(meta, composite),
+        invalid_block_ids={group: frozenset(ids) for group, ids in meta.errors.items()},
+        vllm_output=output,
     )

@@ -9,3 +9,4 @@ class VllmConfig:
     parallel_config: Any
     scheduler_config: Any
     kv_transfer_config: KVTransferConfig | None
+    def __init__(self, *, kv_transfer_config: KVTransferConfig | None = None, **kwargs: Any) -> None: ...

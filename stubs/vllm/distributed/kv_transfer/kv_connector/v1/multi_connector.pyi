@@ -5,7 +5,7 @@ from vllm.v1.attention.backend import AttentionMetadata
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
-from typing import Any
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.config import VllmConfig
@@ -17,6 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
@@ -27,10 +28,31 @@ class MultiKVConnectorMetadata(KVConnectorMetadata):
         self, metadata: tuple[KVConnectorMetadata, ...], extra_async_saves: dict[str, int] | None = None
     ) -> None: ...
 
+@dataclass
 class MultiKVConnectorWorkerMetadata(KVConnectorWorkerMetadata):
     metadata: tuple[KVConnectorWorkerMetadata | None, ...]
-    def __init__(self, metadata: tuple[KVConnectorWorkerMetadata | None, ...]) -> None: ...
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata: ...
+
+@dataclass
+class MultiKVConnectorStats(KVConnectorStats):
+    def to_dict(self) -> dict[str, Any]: ...
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats: ...
+    def reset(self) -> None: ...
+    def reduce(self) -> dict[str, Any]: ...  # type: ignore[override]  # per connector, as vLLM declares it
+    def is_empty(self) -> bool: ...
+    def __getitem__(self, connector_id: str) -> KVConnectorStats: ...
+    def __setitem__(self, connector_id: str, stats: KVConnectorStats) -> None: ...
+
+class MultiKVConnectorPromMetrics(KVConnectorPromMetrics):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[Any], type[Any]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+        prom_metrics: dict[str, KVConnectorPromMetrics],
+    ) -> None: ...
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None: ...
 
 class MultiConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM's composite. It derives from SupportsHMA whatever its children are: vLLM decides

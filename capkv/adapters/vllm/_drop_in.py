@@ -1,0 +1,226 @@
+"""``capkv.vllm.MultiConnector``: vLLM's ``MultiConnector`` configuration, served by capkv's composite.
+
+A vLLM operator switches by adding one line to the ``kv_transfer_config`` —
+``kv_connector_module_path = "capkv.vllm"`` — and changes nothing else: the same
+``kv_connector = "MultiConnector"``, the same ``connectors`` list, the same children
+built the way vLLM builds them. vLLM still decides its hybrid allocator (HMA) at
+configuration time by asking the children (its rule for the literal name
+``"MultiConnector"``); capkv names the child that turned it off, once, and
+:class:`~capkv.vllm.CapkvHMAConnector` remains the way to *require* HMA. Behind
+the configuration is capkv's :class:`~capkv.MultiConnector` with everything the
+host adds (:mod:`._host`): failures that end requests rather than the engine,
+completions tracked per child, checks instead of ``assert``.
+
+vLLM's composite exposes its children as ``sub_connectors`` (and the private
+``_connectors``, which tests and tools read and even replace); both are here,
+as vLLM's own objects. A ``kv_connector_extra_config.stack`` (capkv's shape) is
+read as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any, ClassVar, cast
+
+from vllm.config.kv_transfer import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector as VllmMultiConnector
+from vllm.v1.request import Request
+
+from capkv._homes import publish
+from capkv.adapters.vllm._child import wrap
+from capkv.adapters.vllm._host import CapkvConnector
+from capkv.adapters.vllm._stack import Engine, build_hosted, load_hosted
+from capkv.adapters.vllm._vllm_calls import wrapped_vllm
+from capkv.capabilities._hma import StackNode, explain_not_hma, non_hma_children, supports_hma
+from capkv.composite._multi import MultiConnector as CapkvMultiConnector
+from capkv.config._hosts import DROP_IN, STACK_KEY, drop_in_stack
+from capkv.config._loader import ConfiguredNode
+from capkv.contracts._base import KVConnectorBase
+from capkv.contracts._engine import BlockIds, KVTransferParams
+
+__all__ = ["MultiConnector"]
+
+_log = logging.getLogger("capkv.vllm")
+_said: set[str] = set()
+
+
+
+class _Idle(KVConnectorBase[Any]):
+    """The stack of an empty ``connectors`` list: vLLM's composite with no child does nothing."""
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int, /) -> tuple[int | None, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request: Any, blocks: BlockIds, num_external_tokens: int, /) -> None:
+        return None
+
+    def build_connector_meta(self, scheduler_output: Any, /) -> object:
+        return None
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_layer_load(self, layer_name: str, /) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        return None
+
+
+class MultiConnector(CapkvConnector, SupportsHMA):
+    """vLLM's ``MultiConnector`` configuration (``kv_connector_extra_config.connectors``), served by capkv."""
+
+    HOST: ClassVar[str] = DROP_IN
+    INHERIT_ROLE: ClassVar[bool] = False  # a child's kv_role is its own entry's, as vLLM builds children
+
+    @classmethod
+    def _configured(cls, extra: Mapping[str, Any] | None) -> ConfiguredNode | None:
+        """The children as vLLM's composite reads them; ``None`` for an empty list (a composite of none)."""
+        connectors: object = None if extra is None else extra.get("connectors")
+        if isinstance(connectors, list) and not connectors and STACK_KEY not in (extra or {}):
+            return None
+        return load_hosted(drop_in_stack(extra))
+
+    def _check_configured(self, configured: ConfiguredNode | None) -> None:
+        """vLLM decided HMA from the children already; say which child turned it off (once)."""
+        if configured is None or supports_hma(configured):
+            return
+        message = (
+            f"{DROP_IN} (capkv.vllm): vLLM's hybrid KV-cache allocator is off for this stack: "
+            f"{explain_not_hma(non_hma_children(configured))}; host the stack with CapkvHMAConnector to "
+            "require the allocator (a child that cannot serve it is then refused at start)"
+        )
+        if message not in _said:
+            _said.add(message)
+            _log.warning("%s", message)
+
+    def _check_built(self, built: object) -> None:
+        return None  # vLLM refused a non-HMA child under an explicit HMA already; the group count decides below
+
+    def _build(self, configured: ConfiguredNode | None, engine: Engine) -> object:
+        return _Idle() if configured is None else build_hosted(configured, engine)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, KVTransferParams | None]:
+        """Every group's blocks to the stack (one group when vLLM's allocator is off)."""
+        return self._finish(request, tuple(list(ids) for ids in block_ids))
+
+    @classmethod
+    def all_children_support_hma(cls, kv_transfer_config: KVTransferConfig) -> bool:
+        """vLLM's configuration-time rule for the name ``"MultiConnector"``: every configured child
+        supports HMA (an empty list: no)."""
+        return VllmMultiConnector.all_children_support_hma(kv_transfer_config)
+
+    # ---- vLLM's composite's children -------------------------------------------------------
+
+    @property
+    def sub_connectors(self) -> list[object]:
+        """The children, in order: vLLM's connectors as vLLM built them, capkv's as capkv built them."""
+        built: object = self._built
+        if isinstance(built, _Idle):
+            return []
+        tops: tuple[object, ...] = built.children if isinstance(built, StackNode) else (built,)
+        return [_unwrapped(child) for child in tops]
+
+    @property
+    def _connectors(self) -> list[object]:
+        """vLLM's composite's private list of children (read, and replaced, by vLLM's tests and tools)."""
+        return self.sub_connectors
+
+    @_connectors.setter
+    def _connectors(self, children: list[object]) -> None:
+        """Serve these children from now on, as vLLM's composite would once its list is replaced."""
+        parts: list[Any] = [wrap(child) if isinstance(child, KVConnectorBase_V1) else child for child in children]
+        self._bind_stack(cast("object", CapkvMultiConnector(parts[0], *parts[1:])) if parts else _Idle())
+
+    @property
+    def _all_support_hma(self) -> bool:
+        """Whether every child supports HMA (vLLM's composite's private flag)."""
+        return not isinstance(self._built, _Idle) and supports_hma(self._built)
+
+    @property
+    def _requests_to_connector(self) -> MutableMapping[str, int]:
+        """Request id -> the index of the child chosen to load it (vLLM's composite's private map)."""
+        return _ChoiceView(self._built)
+
+
+class _ChoiceView(MutableMapping[str, int]):
+    """The composite's load choices as vLLM's ``_requests_to_connector`` (request id -> child index)."""
+
+    __slots__ = ("_choice",)
+
+    def __init__(self, stack: object) -> None:
+        choice: object = getattr(stack, "_load_choice", None)
+        self._choice: dict[str, tuple[int, bool]] = cast("dict[str, tuple[int, bool]]", choice) if isinstance(choice, dict) else {}
+
+    def __getitem__(self, request_id: str) -> int:
+        return self._choice[request_id][0]
+
+    def __setitem__(self, request_id: str, index: int) -> None:
+        held = self._choice.get(request_id)
+        self._choice[request_id] = (index, False if held is None else held[1])
+
+    def __delitem__(self, request_id: str) -> None:
+        del self._choice[request_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._choice)
+
+    def __len__(self) -> int:
+        return len(self._choice)
+
+
+def _unwrapped(child: object) -> object:
+    found = wrapped_vllm(child)
+    return child if found is None else found
+
+
+def _own_every_member(cls: type[Any]) -> type[Any]:
+    """Make every member of vLLM's connector base class one of ``cls``'s own (in its ``__dict__``), as
+    vLLM's composite defines them, so a check of the class's namespace sees each one delegated. Each is
+    the inherited implementation itself, bound to ``cls``'s module (it is part of ``cls``'s public face)."""
+    skip = {"role", "has_connector_metadata"}
+    for name in dir(KVConnectorBase_V1):
+        if name.startswith("_") or name in skip or name in vars(cls):
+            continue
+        for base in cls.__mro__[1:]:
+            if name in vars(base):
+                if base is KVConnectorBase_V1:
+                    raise TypeError(f"{cls.__name__} does not implement {name}")
+                setattr(cls, name, _owned(vars(base)[name], cls))
+                break
+    return cls
+
+
+def _owned(member: Any, cls: type[Any]) -> Any:
+    """``member`` (a function, classmethod, staticmethod or property) as ``cls``'s own."""
+    if isinstance(member, types.FunctionType):
+        copy = types.FunctionType(member.__code__, member.__globals__, member.__name__, member.__defaults__,
+                                  member.__closure__)
+        copy.__kwdefaults__ = member.__kwdefaults__
+        copy.__annotations__ = dict(member.__annotations__)
+        copy.__doc__ = member.__doc__
+        copy.__qualname__ = f"{cls.__qualname__}.{member.__name__}"
+        copy.__module__ = cls.__module__
+        return copy
+    if isinstance(member, classmethod):
+        owned: Any = classmethod(_owned(cast("Any", member).__func__, cls))
+        return owned
+    if isinstance(member, staticmethod):
+        still: Any = staticmethod(_owned(cast("Any", member).__func__, cls))
+        return still
+    if isinstance(member, property):
+        getter: Any = member.fget
+        return property(_owned(getter, cls), member.fset, member.fdel, member.__doc__)
+    return member
+
+
+_own_every_member(MultiConnector)
+publish(__name__, "capkv.vllm")

@@ -1,0 +1,156 @@
+"""vLLM's members that capkv's contract has no counterpart for, forwarded as vLLM's MultiConnector does.
+
+capkv's stores neither hold vLLM's block pool nor push KV to peers, so these
+members concern vLLM's own connectors in the stack (wrapped anywhere in it). Each
+is forwarded to every one of them with vLLM's composite's semantics — ``any`` for
+capabilities a child may need (``requires_kv_delivery``, pending frees), ``all`` for
+those every child must have (``supports_divergent_local_hybrid_hits``, which a capkv
+store does not have: it never restores recurrent state), and the member of the
+child serving a request for per-request answers (loaded groups, hit sources).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from vllm.distributed.kv_events import KVConnectorKVEvents
+from vllm.distributed.kv_transfer.kv_connector.v1.base import CopyBlocksOp, KVConnectorBase_V1
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+from vllm.v1.request import Request
+
+from capkv.capabilities._hma import StackNode
+from capkv.contracts._connector import KVConnector
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+__all__ = ["VllmOnlyMembers", "serving_leaf"]
+
+
+def serving_leaf(stack: object, request_id: str) -> object | None:
+    """The leaf of ``stack`` chosen to load ``request_id`` (``None``: no load is planned for it).
+
+    A composite remembers the child it chose at the lookup until the request finishes.
+    """
+    node: object = _bare(stack)
+    while isinstance(node, StackNode):
+        choice: object = getattr(node, "_load_choice", None)
+        picked = cast("dict[str, tuple[int, bool]]", choice).get(request_id) if isinstance(choice, dict) else None
+        if picked is None:
+            return None
+        node = _bare(node.children[picked[0]])
+    return node
+
+
+def wrapped_vllm(leaf: object) -> KVConnectorBase_V1 | None:
+    """The vLLM connector a capkv wrapper wraps (``None`` for capkv's own connectors)."""
+    leaf = _bare(leaf)
+    if getattr(type(leaf), "__capkv_wrapper__", False) is not True:
+        return None
+    inner: object = getattr(leaf, "wrapped")
+    return inner if isinstance(inner, KVConnectorBase_V1) else None
+
+
+def _bare(node: object) -> object:
+    """``node`` itself, out of dev mode's instrumentation (``capkv.devmode.instrument``)."""
+    return getattr(node, "__wrapped__", node)
+
+
+class VllmOnlyMembers(KVConnectorBase_V1):
+    """The members a host forwards to vLLM's connectors in its stack."""
+
+    stack: KVConnector
+    _vllm_children: list[KVConnectorBase_V1]
+    _only_vllm: bool
+    """Every leaf of the stack is one of vLLM's connectors."""
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        children = self._vllm_children
+        return self._only_vllm and bool(children) and all(c.supports_divergent_local_hybrid_hits for c in children)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return any(c.requires_kv_delivery for c in self._vllm_children)
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        self._kv_cache_manager = kv_cache_manager
+        for child in self._vllm_children:
+            child.bind_kv_cache_manager(kv_cache_manager)
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        for child in self._vllm_children:
+            child.bind_gpu_block_pool(gpu_block_pool)
+
+    def on_new_request(self, request: Request) -> None:
+        for child in self._vllm_children:
+            child.on_new_request(request)
+
+    def has_pending_block_frees(self) -> bool:
+        return any(child.has_pending_block_frees() for child in self._vllm_children)
+
+    def has_pending_push_work(self) -> bool:
+        return any(child.has_pending_push_work() for child in self._vllm_children)
+
+    def register_finished_partial_tail(
+        self, request: Request, block_ids: tuple[list[int], ...], partial_tail_offloads: list[tuple[int, int, int]]
+    ) -> bool:
+        """Every vLLM child is told (none is skipped); the blocks stay while any of them took the sources."""
+        accepted = [
+            child.register_finished_partial_tail(request, block_ids, partial_tail_offloads)
+            for child in self._vllm_children
+        ]
+        return any(accepted)
+
+    def reset_cache(self) -> bool | None:
+        """``False`` when a vLLM child could not reset; ``True`` when every leaf is one of vLLM's and
+        all did; else ``None`` (capkv's stores keep what they hold)."""
+        answers = [child.reset_cache() for child in self._vllm_children]
+        if False in answers:
+            return False
+        return True if self._only_vllm else None
+
+    def finish_forward(self) -> None:
+        for child in self._vllm_children:
+            child.finish_forward()
+
+    def reset_capture_state(self) -> None:
+        for child in self._vllm_children:
+            child.reset_capture_state()
+
+    def set_host_xfer_buffer_ops(self, copy_operation: CopyBlocksOp) -> None:
+        for child in self._vllm_children:
+            child.set_host_xfer_buffer_ops(copy_operation)
+
+    def get_kv_connector_kv_cache_events(self) -> KVConnectorKVEvents | None:
+        """The worker-side KV events of every vLLM child, merged into the first one's container."""
+        merged: KVConnectorKVEvents | None = None
+        for child in self._vllm_children:
+            events = child.get_kv_connector_kv_cache_events()
+            if events is not None:
+                merged = events if merged is None else merged.merge(events)
+        return merged
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        """The groups the child loading ``request`` restores (capkv's stores: every prefix-cacheable group)."""
+        child = wrapped_vllm(serving_leaf(self.stack, request.request_id))
+        if child is not None:
+            return child.get_loaded_kv_cache_group_ids(request)
+        return super().get_loaded_kv_cache_group_ids(request)
+
+    def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
+        """The tiers of the child loading ``request``."""
+        child = wrapped_vllm(serving_leaf(self.stack, request.request_id))
+        if child is not None:
+            return child.get_external_cache_hit_sources(request, num_external_tokens)
+        return super().get_external_cache_hit_sources(request, num_external_tokens)
+
+
+def leaves(node: object) -> Iterable[object]:
+    """Every leaf of a stack, in order (out of dev mode's instrumentation)."""
+    node = _bare(node)
+    if isinstance(node, StackNode):
+        for child in node.children:
+            yield from leaves(child)
+    else:
+        yield node

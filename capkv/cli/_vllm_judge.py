@@ -1,0 +1,325 @@
+"""What vLLM 0.32 does with a ``kv_transfer_config``, decided from classes: HMA on, HMA off, or refused.
+
+vLLM decides its hybrid KV-cache allocator (HMA) when it builds its configuration,
+with ``disable_hybrid_kv_cache_manager`` left to it: a connector class that derives
+from vLLM's ``SupportsHMA`` keeps HMA on; for the literal name ``"MultiConnector"``
+vLLM asks the configured children instead (every one must, an empty list turns it
+off), stopping at the first that does not. It refuses a configuration whose
+connector it cannot resolve — an unknown name, a module that does not import, a
+class that is not in its module, a constructor without ``kv_cache_config`` — and,
+when it builds the connector, a ``MultiConnector`` without ``connectors``, a child
+it cannot resolve, or a composite under another name whose children cannot serve
+the HMA it claimed (vLLM asserts there). capkv's hosts refuse what they refuse
+at construction (:mod:`capkv.config._hosts`); the drop-in
+(``capkv.vllm.MultiConnector``) is judged by vLLM's rule for its name.
+
+Nothing is built: names resolve to classes the way vLLM resolves them (vLLM's
+registry, ``kv_connector_module_path``), and each verdict names the child that
+decided it (``#2``, ``#1.2``).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from capkv.config._hosts import DROP_IN, HMA_HOST, HOST_MODULE, PLAIN_HOST, STACK_KEY
+from capkv.config._loader import ConfiguredStack, load_stack
+from capkv.errors import CapkvError
+
+__all__ = ["Judgement", "Verdict", "build_as_vllm", "judge", "vllm_loads"]
+
+_MULTI = "MultiConnector"
+_NOT_INSTALLED = "vLLM is not installed, so how vLLM resolves it cannot be told (capkv[vllm])"
+
+
+class Verdict(enum.Enum):
+    """What vLLM does with the configuration (and ``capkv check``'s exit status for it)."""
+
+    HMA_ON = 0
+    HMA_OFF = 1
+    REFUSED = 2
+
+
+@dataclass
+class Judgement:
+    """The verdict, the sentence that says why, and each node's HMA answer (by position)."""
+
+    verdict: Verdict
+    reason: str
+    hma: dict[str, bool] = field(default_factory=lambda: dict[str, bool]())
+
+
+class _Refused(Exception):
+    """vLLM would refuse the configuration: the message names the entry."""
+
+
+def vllm_loads(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` is a configuration vLLM reads as its own: it names a class of ``capkv.vllm``, or
+    every connector in it is one vLLM knows by name or by ``kv_connector_module_path``."""
+    entry = _unwrap(config)
+    if entry.get("kv_connector_module_path") == HOST_MODULE:
+        return True
+    return _all_known(entry)
+
+
+def _all_known(entry: Mapping[str, Any]) -> bool:
+    """Every connector of ``entry`` is one vLLM resolves. capkv's own names (registered, ``module:Class``)
+    are told first, so a capkv stack is recognised without importing vLLM (or torch)."""
+    name = entry.get("kv_connector")
+    if not isinstance(name, str) or ":" in name:
+        return False
+    path = entry.get("kv_connector_module_path")
+    if path is None and name != _MULTI and _capkv_owns(name):
+        return False
+    children: object = _mapping(entry.get("kv_connector_extra_config")).get("connectors") if name == _MULTI else None
+    if isinstance(children, list):
+        entries = cast("list[object]", children)
+        if not all(isinstance(child, Mapping) for child in entries) or not all(_all_known(_mapping(c)) for c in entries):
+            return False
+    return path is not None or _registered(name)
+
+
+def _capkv_owns(name: str) -> bool:
+    from capkv.config._registry import default_registry
+
+    return default_registry.owns(name)
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    """``value`` when it is a mapping (configurations are string-keyed), else an empty one."""
+    return cast("Mapping[str, Any]", value) if isinstance(value, Mapping) else {}
+
+
+def judge(config: Mapping[str, Any]) -> Judgement:
+    """What vLLM does with ``config`` when it decides HMA itself."""
+    entry = _unwrap(config)
+    hma: dict[str, bool] = {}
+    try:
+        on, why_off = _config_time_hma(entry, "", hma)
+        _constructs(entry, "", on)
+    except _Refused as refused:
+        return Judgement(Verdict.REFUSED, f"vLLM refuses this configuration: {refused}", hma)
+    if on:
+        return Judgement(Verdict.HMA_ON, "vLLM runs this with its hybrid KV-cache allocator (HMA) on", hma)
+    return Judgement(Verdict.HMA_OFF, f"vLLM turns its hybrid KV-cache allocator (HMA) off: {why_off}", hma)
+
+
+def build_as_vllm(config: Mapping[str, Any]) -> list[str]:
+    """Build the configured connector as vLLM builds its scheduler's (``--build``), over a KV cache
+    configuration without groups (vLLM's placeholder); one line when that raises."""
+    entry = _unwrap(config)
+    try:
+        from vllm.config import KVTransferConfig, VllmConfig
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.v1.kv_cache_interface import KVCacheConfig
+
+        vllm_config = VllmConfig(kv_transfer_config=KVTransferConfig(**dict(entry)))
+        placeholder = KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[])
+        built = KVConnectorFactory.create_connector(vllm_config, KVConnectorRole.SCHEDULER, placeholder)
+        shutdown: Any = getattr(built, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+    except Exception as exc:
+        return [f"building {_label(entry, '')} as vLLM does raised {type(exc).__name__}: {exc}"]
+    return []
+
+
+def _unwrap(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    wrapped: object = config.get("kv_transfer_config")
+    if "kv_connector" not in config and isinstance(wrapped, Mapping):
+        return cast("Mapping[str, Any]", wrapped)
+    return config
+
+
+def _label(entry: Mapping[str, Any], position: str) -> str:
+    return f"{position} {entry.get('kv_connector')}".strip()
+
+
+def _config_time_hma(entry: Mapping[str, Any], position: str, hma: dict[str, bool]) -> tuple[bool, str]:
+    """vLLM's ``KVConnectorFactory.supports_hma_config``: (HMA kept on, why not)."""
+    host = _capkv_class(entry, position)
+    name = entry.get("kv_connector")
+    if host in (PLAIN_HOST, HMA_HOST):
+        hma[position] = host == HMA_HOST
+        why = f"{_label(entry, position)} is not a vLLM SupportsHMA (host the stack with {HMA_HOST} to keep HMA on)"
+        return host == HMA_HOST, "" if host == HMA_HOST else why
+    if name != _MULTI:
+        on = _supports_hma(_resolve(entry, position))
+        hma[position] = on
+        return on, "" if on else f"{_label(entry, position)} does not derive from vLLM's SupportsHMA"
+    children = _children(entry, position, required=False)
+    if not children:
+        hma[position] = False
+        return False, f'{_label(entry, position) or _MULTI} has no child ("connectors" is empty)'
+    for index, child in enumerate(children, start=1):
+        where = f"{position}.{index}" if position else f"#{index}"
+        on, why = _config_time_hma(child, where, hma)
+        if not on:  # vLLM stops at the first child that does not support HMA
+            hma[position] = False
+            return False, why
+    hma[position] = True
+    return True, ""
+
+
+def _constructs(entry: Mapping[str, Any], position: str, hma_on: bool) -> None:
+    """What building the connector refuses, decided from classes."""
+    host = _capkv_class(entry, position)
+    if host is not None:
+        _capkv_host(entry, position, host, hma_on)
+        return
+    cls = _resolve(entry, position)
+    if _is_vllm_multi(cls):
+        children = _children(entry, position, required=True)
+        wheres = [f"{position}.{index}" if position else f"#{index}" for index in range(1, len(children) + 1)]
+        for child, where in zip(children, wheres):
+            _constructs(child, where, hma_on)
+        every = bool(children) and all(_config_time_hma(child, where, {})[0] for child, where in zip(children, wheres))
+        if hma_on and not every:  # only under another name: vLLM asked the class, which claims HMA
+            raise _Refused(
+                f"{_label(entry, position)} is vLLM's MultiConnector, which vLLM kept HMA on for by its class; "
+                "it then asserts that every child supports HMA, and not every one does"
+            )
+        return
+
+
+def _capkv_class(entry: Mapping[str, Any], position: str) -> str | None:
+    """The class of ``capkv.vllm`` the entry names (known without importing vLLM), or ``None``."""
+    if entry.get("kv_connector_module_path") != HOST_MODULE:
+        return None
+    name: object = entry.get("kv_connector")
+    if name not in (PLAIN_HOST, HMA_HOST, DROP_IN):
+        raise _Refused(f'{_label(entry, position)}: class {name} not found in "{HOST_MODULE}"')
+    return name
+
+
+def _capkv_host(entry: Mapping[str, Any], position: str, name: str, hma_on: bool) -> None:
+    """capkv's hosts refuse at construction what :mod:`capkv.config._hosts` refuses."""
+    from capkv.capabilities._hma import describe, explain_not_hma, non_hma_children, supports_hma
+    from capkv.config._hosts import require_host_capability
+
+    extra = _mapping(entry.get("kv_connector_extra_config"))
+    if name in (PLAIN_HOST, HMA_HOST) or STACK_KEY in extra:
+        stack: object = extra.get(STACK_KEY)
+        config = _mapping(stack)
+        if not config:
+            raise _Refused(f'{_label(entry, position)}: kv_connector_extra_config needs "{STACK_KEY}", the hosted stack')
+    else:  # the drop-in, in vLLM's shape
+        children: object = extra.get("connectors")
+        if isinstance(children, list) and not children:
+            return
+        config = {"kv_connector": _MULTI, "kv_connector_extra_config": dict(extra)}
+    try:
+        configured = load_stack(config)
+    except CapkvError as exc:
+        raise _Refused(f"{_label(entry, position)}: {exc}") from None
+    subject: object = configured if isinstance(configured, ConfiguredStack) else configured.cls
+    if name == HMA_HOST:
+        try:
+            require_host_capability(HMA_HOST, configured)
+        except CapkvError as exc:
+            raise _Refused(str(exc)) from None
+    if hma_on and not supports_hma(subject):
+        raise _Refused(
+            f'{_label(entry, position)} cannot serve HMA with "{describe(subject)}": '
+            f"{explain_not_hma(non_hma_children(subject))}"
+        )
+
+
+def _children(entry: Mapping[str, Any], position: str, *, required: bool) -> list[Mapping[str, Any]]:
+    children: object = _mapping(entry.get("kv_connector_extra_config")).get("connectors")
+    if children is None and not required:
+        return []
+    if not isinstance(children, list) or not all(isinstance(c, Mapping) for c in cast("list[object]", children)):
+        raise _Refused(
+            f'{_label(entry, position)} needs "connectors" in kv_connector_extra_config, a list of connector '
+            f"entries, got {children!r}"
+        )
+    engine_id: object = entry.get("engine_id")
+    found = [_mapping(child) for child in cast("list[object]", children)]
+    return [{"engine_id": engine_id, **child} for child in found] if engine_id is not None else found
+
+
+def _validated(entry: Mapping[str, Any], position: str) -> None:
+    """vLLM's own validation of the entry as a ``KVTransferConfig`` (where vLLM is installed)."""
+    if importlib.util.find_spec("vllm") is None:
+        return
+    config: Any = importlib.import_module("vllm.config").KVTransferConfig
+    try:
+        config(**entry)
+    except Exception as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        said = next((line for line in lines if "Value error, " in line), lines[-1] if lines else type(exc).__name__)
+        said = said.split("Value error, ", 1)[-1].split(" [type=", 1)[0]
+        raise _Refused(f"{_label(entry, position)}: vLLM's KVTransferConfig refuses it: {said}") from None
+
+
+def _resolve(entry: Mapping[str, Any], position: str) -> type[Any]:
+    """The class vLLM's ``KVConnectorFactory.get_connector_class`` gives for ``entry``."""
+    label = _label(entry, position)
+    name: object = entry.get("kv_connector")
+    if not isinstance(name, str) or not name:
+        raise _Refused(f"{position or 'the configuration'}: kv_connector is not set")
+    _validated(entry, position)
+    module_path: object = entry.get("kv_connector_module_path")
+    if module_path is not None:
+        if not isinstance(module_path, str) or not module_path:
+            raise _Refused(f"{label}: kv_connector_module_path cannot be empty")
+        try:
+            module = importlib.import_module(module_path)
+        except Exception as exc:
+            raise _Refused(f'{label}: cannot import module "{module_path}": {type(exc).__name__}: {exc}') from None
+        found: object = getattr(module, name, None)
+        if not isinstance(found, type):
+            raise _Refused(f'{label}: class {name} not found in "{module_path}"')
+        if not _takes_kv_cache_config(found):
+            raise _Refused(
+                f"{label}: {found.__qualname__} does not take kv_cache_config (vLLM refuses the 2-argument constructor)"
+            )
+        return found
+    if importlib.util.find_spec("vllm") is None:
+        raise _Refused(f"{label}: {_NOT_INSTALLED}")
+    if not _registered(name):
+        raise _Refused(f'{label}: vLLM knows no connector "{name}" (not registered; no kv_connector_module_path)')
+    factory: Any = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.factory").KVConnectorFactory
+    try:
+        cls: type[Any] = factory.get_connector_class_by_name(name)
+    except Exception as exc:
+        raise _Refused(f"{label}: vLLM cannot import it: {type(exc).__name__}: {exc}") from None
+    return cls
+
+
+def _registered(name: str) -> bool:
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    factory: Any = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.factory").KVConnectorFactory
+    registry: Sequence[str] | Mapping[str, Any] = factory._registry  # pyright: ignore[reportPrivateUsage]
+    return name in registry
+
+
+def _supports_hma(cls: type[Any]) -> bool:
+    base: Any = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
+    return issubclass(cls, base.SupportsHMA)
+
+
+def _is_vllm_multi(cls: type[Any]) -> bool:
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    module: Any = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.multi_connector")
+    multi: object = module.MultiConnector
+    return isinstance(multi, type) and issubclass(cls, multi)
+
+
+def _takes_kv_cache_config(cls: type[Any]) -> bool:
+    """vLLM's ``supports_kw(cls, "kv_cache_config")``: a parameter of that name, or ``**kwargs``."""
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return "kv_cache_config" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
