@@ -302,7 +302,7 @@ def test_a_subclass_takes_keyword_arguments() -> None:
     assert stack.threshold == 7 and supports_hma(stack) and isinstance(stack, Tiered)
     again = stack.with_children(HMA("c"), Plain("d"))
     assert isinstance(again, Tiered) and again.threshold == 7 and not supports_hma(again)
-    with pytest.raises(capkv.ConfigError, match=r"MultiConnector\(\) takes sub-connectors only"):
+    with pytest.raises(capkv.ConfigError, match=r"MultiConnector\(\) takes sub-connectors and promote= only"):
         MultiConnector(HMA("a"), threshold=1)  # type: ignore[call-overload]
 
 

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, cast
 
-from capkv.composite._completion import Drop
 from capkv.composite._fanout import HELD, TOLD, Failures, bad_answer, failure
 from capkv.composite._metadata import NOT_BUILT, MultiConnectorMetadata, MultiWorkerMetadata, merge_worker_metas
 from capkv.composite._state import StackState
@@ -48,7 +47,7 @@ class WorkerSide(StackState):
             if book.serial > self._applied.get(book.origin, 0):
                 self._applied[book.origin] = book.serial
                 self._sends.expect(book.savers)
-                self._receives.expect(book.loaders)
+                self._receives.expect(book.loads)
         failures: Failures | None = None
         active: list[KVConnector] | None = None
         for index, (child, meta) in enumerate(zip(self._children, metadata.children)):
@@ -168,14 +167,14 @@ class WorkerSide(StackState):
                 if isinstance(child_recving, (set, frozenset)):
                     receives = self._receives
                     for request_id in cast("set[str]", child_recving):
-                        dropped: Drop | None = receives.report(index, request_id)
-                        if dropped is None:
+                        received = receives.report(index, request_id)
+                        if received is True:
                             if recving is None:
                                 recving = {request_id}
                             else:
                                 recving.add(request_id)
-                        else:
-                            self._dropped.add(self._names[index], dropped, request_id)
+                        elif received is not False:
+                            self._dropped.add(self._names[index], received, request_id)
                 else:
                     bad = bad_answer(self._names[index], "get_finished", answer, _IDS)
                     failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
