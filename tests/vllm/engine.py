@@ -53,6 +53,7 @@ def serve(
     runs: int = 1,
     kv_transfer_config: Mapping[str, Any] | None = None,
     disable_hybrid_kv_cache_manager: bool | None = None,
+    block_size: int = BLOCK_SIZE,
 ) -> Served:
     """A fresh engine serves ``prompts`` ``runs`` times (greedy), then is shut down."""
     from vllm import LLM, SamplingParams
@@ -64,7 +65,7 @@ def serve(
         skip_tokenizer_init=True,
         enforce_eager=True,
         dtype="bfloat16",
-        block_size=BLOCK_SIZE,
+        block_size=block_size,
         num_gpu_blocks_override=NUM_BLOCKS,
         max_model_len=2048,
         seed=0,
