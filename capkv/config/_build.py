@@ -22,16 +22,22 @@ built — any exception, ``SystemExit`` included — comes back as one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capkv.config._loader import ConfiguredConnector, ConfiguredNode
+from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 from capkv.config._options import ConnectorOptions, declared_options
 from capkv.contracts._spec import KVSpec
 from capkv.errors import CapkvError, ConfigError
 
-__all__ = ["FACTORY_HOOK", "BuildContext", "ConnectorFactory", "build_connector", "build_stack", "call_user_code"]
+__all__ = [
+    "FACTORY_HOOK", "STACK_OPTIONS", "BuildContext", "ConnectorFactory", "build_connector", "build_composite",
+    "build_stack", "call_user_code",
+]
+
+STACK_OPTIONS = ("promote",)
+"""A composite's own options, read from its ``kv_connector_extra_config`` beside ``connectors``."""
 
 FACTORY_HOOK = "from_extra_config"
 """Name of the optional classmethod that builds a connector from its extra config."""
@@ -116,7 +122,14 @@ def build_stack(
     if isinstance(node, ConfiguredConnector):
         return factory(node) if factory is not None else build_connector(node, context=context)
     children = [build_stack(entry, factory=factory, context=context) for entry in node.entries]
+    return build_composite(node, children)
+
+
+def build_composite(node: ConfiguredStack, children: Sequence[object]) -> Any:
+    """``node``'s composite over its built ``children``, with the options its configuration gives
+    (:data:`STACK_OPTIONS`, e.g. ``{"connectors": [...], "promote": true}``)."""
+    options = {name: node.extra_config[name] for name in STACK_OPTIONS if name in node.extra_config}
     return call_user_code(
-        lambda: node.cls(*children), f'{node.position + ": " if node.position else ""}cannot build "{node.name}"',
+        lambda: node.cls(*children, **options), f'{node.position + ": " if node.position else ""}cannot build "{node.name}"',
         node.position or node.name, None,
     )
