@@ -89,3 +89,15 @@ class WrongGroupLoadErrors(BlockStore):
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         errors, self.errors = self.errors, {}
         return errors
+
+
+class SlicesClaimed(BlockStore):
+    """Says it loads slices, but offers a hit only when asked at the start of the prompt."""
+
+    def loads_slices(self) -> bool:
+        return True
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int, /) -> tuple[int | None, bool]:
+        if num_computed_tokens:
+            return 0, False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
