@@ -15,6 +15,7 @@ capkv under beartype.
 from typing import TYPE_CHECKING
 
 from capkv._lazy import attach
+from capkv._version import __version__
 
 if TYPE_CHECKING:
     from capkv.capabilities._hma import NonHMAChild, StackNode, non_hma_children, supports_hma
@@ -95,8 +96,6 @@ __all__ = [
     "require_hma",
     "supports_hma",
 ]
-
-__version__ = "0.1.0"
 
 if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw would hide typos from them
     __getattr__, __dir__ = attach(

@@ -77,7 +77,7 @@ def test_importing_every_front_loads_no_implementation(dev: bool) -> None:
     fronts = ["capkv", "capkv.composite", "capkv.config", "capkv.connectors", "capkv.devmode", "capkv.engine", "capkv.transfer"]
     facts = loaded(probe(f"import json, sys\nimport {', '.join(fronts)}\n{REPORT}", dev=dev))
     assert facts["torch"] is False and facts["beartype"] is False
-    assert facts["capkv"] == sorted([*fronts, "capkv._lazy"])
+    assert facts["capkv"] == sorted([*fronts, "capkv._lazy", "capkv._version"])
 
 
 def test_the_first_name_taken_loads_its_module_and_in_dev_mode_beartype() -> None:
