@@ -322,12 +322,27 @@ def test_worker_metadata_is_aggregated_child_by_child() -> None:
     with pytest.raises(MetadataError):
         first.aggregate(MultiWorkerMetadata((None,)))
 
+    seen: list[tuple[object, frozenset[str]]] = []
+
+    class Reads(HMA):
+        def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
+            seen.append((connector_output.worker_meta, connector_output.finished_sending))
+
+    readers = MultiConnector(Reads("a"), Reads("b"), Reads("c"))
     output = KVConnectorOutput(finished_sending=frozenset({"r"}), worker_meta=merged)
-    stack.update_connector_output(output)
-    seen = [ch.calls[-1][1][0] for ch in (a, b, c)]
-    assert [o.worker_meta for o in seen] == list(merged.children)
-    assert all(o.finished_sending == {"r"} for o in seen)
-    assert output.worker_meta is merged, "the engine's output is not mutated"
+    readers.update_connector_output(output)
+    assert [meta for meta, _ in seen] == list(merged.children), "each child reads its own share during its call"
+    assert all(sending == {"r"} for _, sending in seen)
+    assert output.worker_meta is merged, "the engine's worker metadata is back after the call"
+
+    class Raises(Reads):
+        def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
+            super().update_connector_output(connector_output)
+            raise RuntimeError("boom")
+
+    with pytest.raises(SubConnectorError):
+        MultiConnector(Raises("a"), Reads("b"), Reads("c")).update_connector_output(output)
+    assert output.worker_meta is merged, "... also when a child raised"
 
 
 def test_output_without_worker_metadata_reaches_every_child() -> None:

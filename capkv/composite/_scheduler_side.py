@@ -8,7 +8,6 @@ are hot paths: they allocate nothing in the common case beyond what they return.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, cast
 
 from capkv.composite._agreement import agreed_finished_count, agreed_layout, piecewise_needed
@@ -22,7 +21,6 @@ from capkv.errors import ContractError, SubConnectorError
 __all__ = ["SchedulerSide"]
 
 
-_new = object.__new__
 _set = object.__setattr__
 _NO_HIT: tuple[int | None, bool] = (0, False)
 _ASK_AGAIN: tuple[int | None, bool] = (None, False)
@@ -56,46 +54,45 @@ class SchedulerSide(FinishRoutine, StackState):
         (one that must, because it was asked beyond the local hit, is a ``ContractError``).
         Any ``None`` means "ask again": the round ends and no plan is kept.
         """
-        request_id = request.request_id
         plans = self._plans
         if plans:
-            plans.pop(request_id, None)
+            plans.pop(request.request_id, None)
         start = num_computed_tokens
         open_ = True  # later children may still extend the hit
         slices: list[Slice] | None = None
-        slicing = self._slicing
         failures: Failures | None = None
         index = -1
-        for child in self._children:
+        for child, slicing in self._asked:
             index += 1
-            asked = start if open_ and slicing[index] else num_computed_tokens
-            answer: Any = UNSET
+            asked = start if slicing and open_ else num_computed_tokens
             try:
-                answer = child.get_num_new_matched_tokens(request, asked)
-                tokens, load_async = answer
+                answer: Any = child.get_num_new_matched_tokens(request, asked)
             except Exception as exc:
-                failures = self._failed_answer(failures, child, exc, answer, "get_num_new_matched_tokens", _HIT)
+                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
                 continue
-            if type(tokens) is int:
-                if tokens > 0:
-                    if open_ and (asked == start):
-                        bad = self._bad_slice(index, request, asked, tokens, answer, num_computed_tokens)
-                        if bad is not None:
-                            failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
-                            open_ = False
-                            continue
-                        item = (index, asked, tokens, bool(load_async))
-                        if slices is None:
-                            slices = [item]
-                        else:
-                            slices.append(item)
-                        start = asked + tokens
-                        if not slicing[index] or not self._aligned(start):
-                            open_ = False
-                    continue
-                if tokens == 0:
-                    continue
-            elif tokens is None:
+            try:
+                tokens, load_async = answer
+            except (TypeError, ValueError):
+                tokens = load_async = UNSET
+            if tokens == 0 and type(tokens) is int:  # the common answer, first
+                continue
+            if type(tokens) is int and tokens > 0:
+                if open_ and asked == start:
+                    bad = self._bad_slice(index, request, asked, tokens, answer, num_computed_tokens)
+                    if bad is not None:
+                        failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
+                        open_ = False
+                        continue
+                    item = (index, asked, tokens, bool(load_async))
+                    if slices is None:
+                        slices = [item]
+                    else:
+                        slices.append(item)
+                    start = asked + tokens
+                    if not slicing or not self._aligned(start):
+                        open_ = False
+                continue
+            if tokens is None:
                 if failures is None:
                     return _ASK_AGAIN
                 continue
@@ -106,7 +103,7 @@ class SchedulerSide(FinishRoutine, StackState):
                           "no slice was kept; ask again")
         if slices is None:
             return _NO_HIT
-        plans[request_id] = (num_computed_tokens, tuple(slices))
+        plans[request.request_id] = (num_computed_tokens, tuple(slices))
         if len(slices) == 1:
             return slices[0][2], slices[0][3]
         return start - num_computed_tokens, any(item[3] for item in slices)
@@ -279,9 +276,9 @@ class SchedulerSide(FinishRoutine, StackState):
     def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
         """Each child sees the step's output with its own worker metadata.
 
-        With worker metadata, each child gets its own shallow copy of the output
-        carrying its share (the engine's object is never mutated, so a child may keep
-        what it was given); without, every child gets the engine's object.
+        As vLLM's composite does, each child gets the engine's object with its own share of
+        the worker metadata in place for the call; the engine's metadata is back when the
+        call returns (or raises). A child must not keep the object past its call.
         """
         worker_meta = connector_output.worker_meta
         failures: Failures | None = None
@@ -292,21 +289,26 @@ class SchedulerSide(FinishRoutine, StackState):
                 except Exception as exc:
                     failures = self._failed_child(failures, child, exc)
         else:
-            per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
-            fields: dict[str, Any] | None = getattr(connector_output, "__dict__", None)
-            kind = type(connector_output)
-            for index, (child, meta) in enumerate(zip(self._children, per_child)):
-                if fields is not None:  # a copy of the frozen output, at a fraction of replace()'s cost
-                    own = _new(kind)
-                    own_fields = fields.copy()
-                    own_fields["worker_meta"] = meta
-                    _set(own, "__dict__", own_fields)
-                else:
-                    own = replace(connector_output, worker_meta=meta)
-                try:
-                    child.update_connector_output(own)
-                except Exception as exc:
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+            children = self._children
+            if type(worker_meta) is MultiWorkerMetadata and len(worker_meta.children) == len(children):
+                per_child = worker_meta.children
+            else:
+                per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
+            fields: dict[str, Any] | None = getattr(connector_output, "__dict__", None)  # the frozen dataclass's
+            index = 0
+            try:
+                for child in children:
+                    if fields is not None:
+                        fields["worker_meta"] = per_child[index]
+                    else:
+                        _set(connector_output, "worker_meta", per_child[index])
+                    try:
+                        child.update_connector_output(connector_output)
+                    except Exception as exc:
+                        failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                    index += 1
+            finally:
+                _set(connector_output, "worker_meta", worker_meta)
         if failures:
             raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
 

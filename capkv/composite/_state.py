@@ -48,6 +48,7 @@ class StackState(StackNode):
         "_active",
         "_plans",
         "_slicing",
+        "_asked",
         "_foreign",
         "_promote",
         "_alignment",
@@ -79,6 +80,8 @@ class StackState(StackNode):
     _active: tuple[KVConnector, ...]
     _plans: dict[str, Plan]
     _slicing: tuple[bool, ...]
+    _asked: tuple[tuple[KVConnector, bool], ...]
+    """Each child with whether it loads slices: how ``get_num_new_matched_tokens`` asks it."""
     _foreign: tuple[ForeignLoads | None, ...]
     _promote: bool
     _alignment: int | None
@@ -111,6 +114,7 @@ class StackState(StackNode):
         self._names = names
         self._plans = {}
         self._slicing = tuple(loads_slices(child) for child in children)
+        self._asked = tuple(zip(children, self._slicing, strict=True))
         self._foreign = tuple(
             child.loaded_elsewhere if isinstance(child, KnowsForeignLoads) else None for child in children
         )

@@ -37,7 +37,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
-from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, VllmOutputCarrier, attribute_load_errors
+from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, attribute_load_errors
 from capkv.capabilities._hma import StackNode
 from capkv.contracts._engine import (
     AttentionMetadata,
@@ -121,6 +121,7 @@ class VllmChild(Generic[_V]):
         # Hot calls, bound once; ``Any``: capkv's request protocol stands for vLLM's Request here.
         calls: Any = connector
         self._allocated: Callable[[Any, KVCacheBlocks, int], None] = calls.update_state_after_alloc
+        self._output: Callable[[VllmKVConnectorOutput], None] = calls.update_connector_output
         self._results: Callable[[set[str]], Any] = calls.get_transfer_results
         # vLLM's base get_transfer_results only repackages get_finished: ask get_finished then.
         self._uses_get_finished = self._cls.get_transfer_results is KVConnectorBase_V1.get_transfer_results
@@ -162,18 +163,18 @@ class VllmChild(Generic[_V]):
 
     def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
         """vLLM's ``KVConnectorOutput``: the engine's own (with this child's worker metadata) when carried."""
-        worker_meta = connector_output.worker_meta
-        carried = connector_output.vllm_output if isinstance(connector_output, VllmOutputCarrier) else None
+        carried: VllmKVConnectorOutput | None = getattr(connector_output, "vllm_output", None)
         if carried is None:
-            self._inner.update_connector_output(_to_vllm_output(connector_output))
+            self._output(_to_vllm_output(connector_output))
             return
+        worker_meta: Any = connector_output.worker_meta
         saved = carried.kv_connector_worker_meta
         if saved is worker_meta:
-            self._inner.update_connector_output(carried)
+            self._output(carried)
             return
-        carried.kv_connector_worker_meta = cast("Any", worker_meta)
+        carried.kv_connector_worker_meta = worker_meta
         try:
-            self._inner.update_connector_output(carried)
+            self._output(carried)
         finally:
             carried.kv_connector_worker_meta = saved
 
