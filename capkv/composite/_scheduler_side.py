@@ -7,7 +7,7 @@ are hot paths: they allocate nothing in the common case beyond what they return.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from capkv.composite._agreement import agreed_finished_count, agreed_layout, piecewise_needed
@@ -146,6 +146,20 @@ class SchedulerSide(FinishRoutine, StackState):
         if plan is None and num_external_tokens > 0:
             raise self._more_than_offered(request, num_external_tokens, 0)
         if plan is None or num_external_tokens <= 0:
+            native = self._native
+            if native is not None:  # every child takes the engine's own blocks: unwrap them once
+                engine_blocks: object = getattr(blocks, native[2], None)
+                if engine_blocks is not None:
+                    index = 0
+                    for call in native[0]:
+                        try:
+                            call(request, engine_blocks, 0)
+                        except Exception as exc:
+                            failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                        index += 1
+                    if failures:
+                        raise self._alloc_failed(failures, 0)
+                    return
             for child in self._children:
                 try:
                     child.update_state_after_alloc(request, blocks, 0)
@@ -278,37 +292,75 @@ class SchedulerSide(FinishRoutine, StackState):
 
         As vLLM's composite does, each child gets the engine's object with its own share of
         the worker metadata in place for the call; the engine's metadata is back when the
-        call returns (or raises). A child must not keep the object past its call.
+        call returns (or raises). A child must not keep the object past its call. Children
+        that take the engine's own output (:mod:`~capkv.composite._native`) get that one,
+        its worker-metadata field set the same way.
         """
         worker_meta = connector_output.worker_meta
-        failures: Failures | None = None
+        children = self._children
         if worker_meta is None:
-            for child in self._children:
+            per_child: tuple[object, ...] | None = None
+        elif type(worker_meta) is MultiWorkerMetadata and len(worker_meta.children) == len(children):
+            per_child = worker_meta.children
+        else:
+            per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
+        native = self._native
+        failures: Failures | None = None
+        if native is not None:  # every child takes the engine's own output: unwrap it once
+            engine_output: object = getattr(connector_output, native[3], None)
+            if engine_output is not None:
+                if per_child is None and getattr(engine_output, native[4]) is None:
+                    index = 0
+                    for call in native[1]:  # nothing to set: the engine's output as it is
+                        try:
+                            call(engine_output)
+                        except Exception as exc:
+                            failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                        index += 1
+                    if failures:
+                        raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
+                    return
+                self._pass_output(engine_output, native[4], native[1], per_child)
+                return
+        if per_child is None:
+            for child in children:
                 try:
                     child.update_connector_output(connector_output)
                 except Exception as exc:
                     failures = self._failed_child(failures, child, exc)
         else:
-            children = self._children
-            if type(worker_meta) is MultiWorkerMetadata and len(worker_meta.children) == len(children):
-                per_child = worker_meta.children
-            else:
-                per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
-            fields: dict[str, Any] | None = getattr(connector_output, "__dict__", None)  # the frozen dataclass's
-            index = 0
             try:
-                for child in children:
-                    if fields is not None:
-                        fields["worker_meta"] = per_child[index]
-                    else:
-                        _set(connector_output, "worker_meta", per_child[index])
+                for child, meta in zip(children, per_child):
+                    _set(connector_output, "worker_meta", meta)  # the output is a frozen dataclass
                     try:
                         child.update_connector_output(connector_output)
                     except Exception as exc:
-                        failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                    index += 1
+                        failures = self._failed_child(failures, child, exc)
             finally:
                 _set(connector_output, "worker_meta", worker_meta)
+        if failures:
+            raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
+
+    def _pass_output(
+        self, engine_output: object, field: str, calls: tuple[Callable[[Any], None], ...],
+        per_child: tuple[object, ...] | None,
+    ) -> None:
+        """The engine's own output to each child's own member, the child's worker metadata in ``field``
+        for its call."""
+        failures: Failures | None = None
+        index = 0
+        shares = per_child if per_child is not None else (None,) * len(calls)
+        saved: object = getattr(engine_output, field)
+        try:
+            for call, meta in zip(calls, shares):
+                setattr(engine_output, field, meta)
+                try:
+                    call(engine_output)
+                except Exception as exc:
+                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                index += 1
+        finally:
+            setattr(engine_output, field, saved)
         if failures:
             raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
 

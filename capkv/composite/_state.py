@@ -19,13 +19,14 @@ from capkv.composite._completion import DroppedReports, ReceiveTracker, SendTrac
 from capkv.composite._fanout import TOLD, Failures, bad_answer, failure
 from capkv.composite._finish import Finisher
 from capkv.composite._metadata import Book, MultiConnectorMetadata, MultiWorkerMetadata
+from capkv.composite._native import native_calls
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import LoadErrors, Request, WorkerMetadata
 from capkv.contracts._spec import KVSpec
 from capkv.contracts._tiers import KnowsForeignLoads, loads_slices
 from capkv.errors import MetadataError
 
-__all__ = ["UNSET", "ForeignLoads", "Plan", "Slice", "StackState"]
+__all__ = ["UNSET", "ForeignLoads", "NativeStack", "Plan", "Slice", "StackState"]
 
 Slice = tuple[int, int, int, bool]
 """One child's part of a composed hit: ``(child index, first token, tokens, load_async)``."""
@@ -33,6 +34,11 @@ Plan = tuple[int, tuple[Slice, ...]]
 """A request's composed hit, until the engine allocates it: ``(local hit, slices in token order)``."""
 ForeignLoads = Callable[[Request, int, int, bool], None]
 """A child's ``loaded_elsewhere`` (see :class:`~capkv.contracts._tiers.KnowsForeignLoads`)."""
+NativeStack = tuple[
+    tuple[Callable[[Any, Any, int], None], ...], tuple[Callable[[Any], None], ...], str, str, str
+]
+"""Every child's own ``update_state_after_alloc`` and ``update_connector_output``, and the carriers'
+attributes (engine blocks, engine output, its worker-metadata field): see :mod:`capkv.composite._native`."""
 
 _M = TypeVar("_M", MultiConnectorMetadata, MultiWorkerMetadata)
 UNSET: Any = object()
@@ -49,6 +55,7 @@ class StackState(StackNode):
         "_plans",
         "_slicing",
         "_asked",
+        "_native",
         "_foreign",
         "_promote",
         "_alignment",
@@ -82,6 +89,8 @@ class StackState(StackNode):
     _slicing: tuple[bool, ...]
     _asked: tuple[tuple[KVConnector, bool], ...]
     """Each child with whether it loads slices: how ``get_num_new_matched_tokens`` asks it."""
+    _native: NativeStack | None
+    """The children's own members and the carriers of the engine's objects, when every child takes them."""
     _foreign: tuple[ForeignLoads | None, ...]
     _promote: bool
     _alignment: int | None
@@ -115,6 +124,12 @@ class StackState(StackNode):
         self._plans = {}
         self._slicing = tuple(loads_slices(child) for child in children)
         self._asked = tuple(zip(children, self._slicing, strict=True))
+        natives = native_calls(children)
+        self._native = None if natives is None else (
+            tuple(n.update_state_after_alloc for n in natives),
+            tuple(n.update_connector_output for n in natives),
+            natives[0].blocks, natives[0].output, natives[0].worker_meta,
+        )
         self._foreign = tuple(
             child.loaded_elsewhere if isinstance(child, KnowsForeignLoads) else None for child in children
         )

@@ -39,6 +39,7 @@ from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
 from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, attribute_load_errors
 from capkv.capabilities._hma import StackNode
+from capkv.composite._native import NativeCalls
 from capkv.contracts._engine import (
     AttentionMetadata,
     BlockIds,
@@ -129,6 +130,15 @@ class VllmChild(Generic[_V]):
         # instance (shadowing this class's forwarding ones): no extra call frame per call.
         direct = _DIRECT + (("get_finished",) if self._uses_get_finished else ())
         vars(self).update({name: getattr(calls, name) for name in direct})
+
+    @property
+    def native_calls(self) -> NativeCalls:
+        """The connector's own members, for a stack whose arguments carry vLLM's objects (the host's do):
+        it unwraps them once per call instead of once per child (see :mod:`capkv.composite._native`)."""
+        return NativeCalls(
+            self._allocated, self._output, blocks="kv_cache_blocks", output="vllm_output",
+            worker_meta="kv_connector_worker_meta",
+        )
 
     @property
     def wrapped(self) -> _V:
