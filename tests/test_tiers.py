@@ -309,3 +309,34 @@ def test_numbered_loads_survive_copies() -> None:
     assert twin.get_finished(set()) == (None, None)
     twin.children[1].finished = (None, {"r1"})
     assert twin.get_finished(set()) == (None, {"r1"})
+
+
+# ---- a failed load anywhere: nobody saves what the step computed on it -------------------------
+
+
+def test_children_that_save_learn_of_a_failed_load_before_they_save() -> None:
+    a, b = HMA("a", hit=tiered(0, 32), slices=True), HMA("b", hit=tiered(0, 64), slices=True)
+    stack = MultiConnector(a, b)
+    stack.get_num_new_matched_tokens(R, 0)
+    stack.update_state_after_alloc(R, ([1, 2, 3, 4],), 64)
+    stack.bind_connector_metadata(stack.build_connector_meta(None))
+    stack.start_load_kv(None)
+    b.load_errors = {0: {3}}
+    stack.wait_for_save()
+    assert ("loads_failed", ({"r1"},)) in a.calls and ("loads_failed", ({"r1"},)) in b.calls
+    assert a.methods().index("loads_failed") < a.methods().index("wait_for_save"), "told before it saves"
+    b.load_errors = {}
+    assert stack.get_block_ids_with_load_errors() == {0: {3}}, "the errors reach the engine, once"
+    assert stack.get_block_ids_with_load_errors() == {}
+    stack.clear_connector_metadata()
+
+
+def test_a_step_without_loads_asks_nobody_early() -> None:
+    a, b = HMA("a"), HMA("b")
+    stack = MultiConnector(a, b)
+    b.load_errors = {0: {3}}  # a stray report: the engine refuses it, the stack does not act on it
+    stack.bind_connector_metadata(stack.build_connector_meta(None))
+    stack.wait_for_save()
+    stack.clear_connector_metadata()
+    assert "loads_failed" not in a.methods() and "loads_failed" not in b.methods()
+    assert stack.get_block_ids_with_load_errors() == {0: {3}}

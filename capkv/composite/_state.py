@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Set as AbstractSet
 from typing import Any, TypeVar
 
 from capkv.capabilities._hma import StackNode
@@ -23,7 +23,7 @@ from capkv.composite._native import native_calls
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import LoadErrors, Request, WorkerMetadata
 from capkv.contracts._spec import KVSpec
-from capkv.contracts._tiers import KnowsForeignLoads, loads_slices
+from capkv.contracts._tiers import KnowsFailedLoads, KnowsForeignLoads, loads_slices
 from capkv.errors import MetadataError
 
 __all__ = ["UNSET", "ForeignLoads", "NativeStack", "Plan", "Slice", "StackState"]
@@ -57,6 +57,10 @@ class StackState(StackNode):
         "_asked",
         "_native",
         "_foreign",
+        "_hear_failures",
+        "_loading",
+        "_early_reports",
+        "_early_failures",
         "_promote",
         "_alignment",
         "_load_serial",
@@ -92,6 +96,13 @@ class StackState(StackNode):
     _native: NativeStack | None
     """The children's own members and the carriers of the engine's objects, when every child takes them."""
     _foreign: tuple[ForeignLoads | None, ...]
+    _hear_failures: tuple[Callable[[AbstractSet[str]], None], ...]
+    """The ``loads_failed`` of the children that have one (:class:`~capkv.contracts._tiers.KnowsFailedLoads`)."""
+    _loading: set[str]
+    """Requests whose loads the step being run started (worker side, from the books bound)."""
+    _early_reports: list[tuple[int, object]] | None
+    """Load errors children reported before ``wait_for_save`` (to tell the others), for the engine's call."""
+    _early_failures: Failures | None
     _promote: bool
     _alignment: int | None
     _load_serial: int
@@ -133,6 +144,10 @@ class StackState(StackNode):
         self._foreign = tuple(
             child.loaded_elsewhere if isinstance(child, KnowsForeignLoads) else None for child in children
         )
+        self._hear_failures = tuple(child.loads_failed for child in children if isinstance(child, KnowsFailedLoads))
+        self._loading = set()
+        self._early_reports = None
+        self._early_failures = None
         self._promote = promote
         self._alignment = None
         self._load_serial = 0
@@ -273,6 +288,7 @@ class StackState(StackNode):
             "receives": self._receives.state(),
             "held": (self._held_sending, self._held_recving, self._held_errors, self._held_events,
                      self._held_worker_metas, self._held_stats),
+            "early": (set(self._loading), self._early_reports, self._early_failures),
         }
         own = getattr(self, "__dict__", None)
         if own:
@@ -295,6 +311,7 @@ class StackState(StackNode):
         self._receives.restore(state["receives"])
         (self._held_sending, self._held_recving, self._held_errors, self._held_events,
          self._held_worker_metas, self._held_stats) = state["held"]
+        self._loading, self._early_reports, self._early_failures = state["early"]
         for name, value in state.get("__dict__", {}).items():
             setattr(self, name, value)
 

@@ -28,6 +28,7 @@ arrive through the same ``StoreWorker._save``.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from types import TracebackType
 from typing import Any
 
@@ -117,6 +118,10 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
     def loaded_elsewhere(self, request: ComputedTokenRequest, start: int, end: int, save: bool, /) -> None:
         """Another child of the stack loaded ``[start, end)``: not saved here unless the stack promotes."""
         self._scheduler.loaded_elsewhere(request.request_id, start, end, save)
+
+    def loads_failed(self, request_ids: AbstractSet[str], /) -> None:
+        """A load of these requests failed this step (in another child, maybe): save nothing of them this step."""
+        self._worker.loads_failed(request_ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> StoreMetadata:
         return self._scheduler.build(scheduler_output)

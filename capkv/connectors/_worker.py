@@ -134,6 +134,10 @@ class StoreWorker(ABC):
             handle.stream_wait()
         self._loaded_through = metadata.step  # stream-ordered: the engine reads them after this
 
+    def loads_failed(self, request_ids: Collection[str]) -> None:
+        """Loads of these requests failed this step elsewhere in a stack: they save nothing this step."""
+        self._load_failed.update(request_ids)
+
     def save(self, metadata: StoreMetadata) -> None:
         """Start the step's saves; their requests are reported by :meth:`finished`."""
         if not metadata.saves:

@@ -14,17 +14,20 @@ loads only when no child before it had a hit (the first-hit rule).
 
 :class:`KnowsForeignLoads` is the second, optional half: a child that saves
 what the engine computes learns which token ranges other children loaded, and
-whether the stack wants them saved there too (promotion into a faster tier).
+whether the stack wants them saved there too (promotion into a faster tier);
+:class:`KnowsFailedLoads`, on the worker side, that a load of the step failed
+somewhere in the stack, so that it saves nothing computed on (or loaded as) it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import Protocol, runtime_checkable
 
 from capkv.contracts._engine import Request
 from capkv.errors import ContractError
 
-__all__ = ["KnowsForeignLoads", "loads_slices"]
+__all__ = ["KnowsFailedLoads", "KnowsForeignLoads", "loads_slices"]
 
 
 def loads_slices(connector: object) -> bool:
@@ -59,3 +62,16 @@ class KnowsForeignLoads(Protocol):
         ``False``, do not save them — the tier that loaded them has them.
         """
         ...
+
+
+@runtime_checkable
+class KnowsFailedLoads(Protocol):
+    """A connector told, on the worker side, which requests' loads failed in the step being run.
+
+    Another child's load of a request failed: the blocks that request computes this step were computed
+    on KV it never got, and blocks it was to save from other tiers may not hold what they should. The
+    stack says so after every child's ``start_load_kv`` (and layer loads) and before ``wait_for_save``;
+    save nothing of these requests this step (the engine recomputes from the failed block on).
+    """
+
+    def loads_failed(self, request_ids: AbstractSet[str], /) -> None: ...

@@ -10,7 +10,7 @@ adds that member and is HMA-capable.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set as AbstractSet
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -96,6 +96,9 @@ class NullConnector(KVConnectorBase[Request]):
 
     def loaded_elsewhere(self, request: Request, start: int, end: int, save: bool, /) -> None:
         self._record("loaded_elsewhere", request, start, end, save)
+
+    def loads_failed(self, request_ids: AbstractSet[str], /) -> None:
+        self._record("loads_failed", set(request_ids))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> object:
         self._record("build_connector_meta", scheduler_output)

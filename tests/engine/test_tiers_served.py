@@ -133,3 +133,62 @@ def test_a_front_tier_too_small_for_the_working_set_computes_no_more_than_one_la
     tiered, stack = cold_warm(MultiConnector(small_front, FileStoreConnector(spec, root=str(tmp_path / "tiered"))))
     assert tiered.computed_tokens <= large.computed_tokens
     assert stack.loaded_tokens[0] > 0 and stack.loaded_tokens[1] > 0, "both tiers served parts of the hits"
+
+
+class BrokenReads(CPUOffloadConnector):
+    """A host pool whose reads go bad on demand: the last block of each load is left as garbage and
+    reported failed (as a disk or network read error would), or it offers nothing at all."""
+
+    def __init__(self, spec: Any, **options: Any) -> None:
+        super().__init__(spec, **options)
+        self.breaks = False
+        self.silent = False
+        self._caches: dict[str, torch.Tensor] = {}
+        self._failed: dict[int, set[int]] = {}
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], /) -> None:
+        super().register_kv_caches(kv_caches)
+        self._caches = kv_caches
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int, /) -> tuple[int | None, bool]:
+        if self.silent:
+            return 0, False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        super().start_load_kv(forward_context, **kwargs)
+        if not self.breaks:
+            return
+        for move in self._bound().loads:
+            block = move.block_ids[-1]
+            for layer in self.spec.groups[move.group].layer_names:
+                self._caches[layer].select(self.spec.block_dim or 0, block).fill_(float("nan"))
+            self._failed.setdefault(move.group, set()).add(block)
+
+    def get_block_ids_with_load_errors(self) -> Any:
+        errors = super().get_block_ids_with_load_errors()
+        for group, blocks in self._failed.items():
+            errors.setdefault(group, set()).update(blocks)
+        self._failed = {}
+        return errors
+
+
+def test_a_failed_load_is_never_promoted_nor_saved_by_another_tier() -> None:
+    """A later tier's load fails: the engine recomputes from the failed block, and no tier stores the garbage
+    (neither the failed block promoted, nor blocks computed on it) — the next run loads only good bytes."""
+    spec = SHAPE.kv_spec()
+    back = BrokenReads(spec, capacity_blocks=2048)
+    serve(back, WORKLOAD.requests("cold"))  # back holds everything
+    front = CPUOffloadConnector(spec, capacity_blocks=2048)
+    engine = Engine(SHAPE, MultiConnector(front, back, promote=True), scrub_released_blocks=True)
+    back.breaks = True
+    engine.run(WORKLOAD.requests("broken"))  # every load loses a block; the engine recomputes from it
+    assert engine.stats.load_error_blocks > 0
+    for _ in range(3):
+        engine.step()
+    back.breaks, back.silent = False, True
+    engine.reset_prefix_cache()
+    engine.stats.reset()
+    engine.run(WORKLOAD.requests("after"))  # whatever loads now comes from the front tier: verified
+    engine.shutdown()
+    assert engine.connector.loaded_tokens[0] > 0, "the front tier still serves what it got right"
