@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 
 from capkv.connectors import RedisStoreConnector
-from capkv.connectors._block_file import tensor_memory
-from capkv.connectors._keys import BlockKey
-from capkv.connectors._metadata import BlockMove, StoreMetadata
+from capkv.stores._value import row_memory as tensor_memory
+from capkv.stores._keys import BlockKey
+from capkv.stores._metadata import BlockMove, StoreMetadata
 from capkv.engine import ModelShape
 from capkv.engine._kv_cache import PagedKVCache
 
@@ -80,7 +80,7 @@ def throughput(url: str, count: int, rounds: int) -> None:
     client = redis.Redis.from_url(url, socket_timeout=30)
     with RedisStoreConnector(spec, url=url, namespace="bench", timeout_s=30) as store:
         store.register_kv_caches(dict(cache.tensors))
-        worker = store._redis_worker
+        worker = store._store
         nbytes = _block_nbytes(store, group)
         print(f"\nthroughput: {count} blocks of {nbytes / 1024:.0f} KiB ({count * nbytes / 1e6:.1f} MB) per round, "
               f"median of {rounds} rounds")
@@ -123,7 +123,7 @@ def throughput(url: str, count: int, rounds: int) -> None:
 
 
 def _block_nbytes(store: RedisStoreConnector, group: int) -> int:
-    return store._redis_worker.copier("benchmark").block_nbytes(group)
+    return store._store.copier("benchmark").block_nbytes(group)
 
 
 def _timed(action: Callable[[], object]) -> float:

@@ -108,6 +108,7 @@ FRONTS: dict[str, list[str]] = {
         "StoreMetadata",
         "longest_hit",
     ],
+    "capkv.stores": ["Backend", "MemoryBackend", "StoreConnector", "StoreKey"],
     "capkv.engine": [
         "FULL",
         "SLIDING",

@@ -74,7 +74,10 @@ REPORT += "'capkv': sorted(m for m in sys.modules if m.startswith('capkv'))}))"
 
 @pytest.mark.parametrize("dev", [True, False], ids=["dev", "production"])
 def test_importing_every_front_loads_no_implementation(dev: bool) -> None:
-    fronts = ["capkv", "capkv.composite", "capkv.config", "capkv.connectors", "capkv.devmode", "capkv.engine", "capkv.transfer"]
+    fronts = [
+        "capkv", "capkv.composite", "capkv.config", "capkv.connectors", "capkv.devmode", "capkv.engine", "capkv.stores",
+        "capkv.transfer",
+    ]
     facts = loaded(probe(f"import json, sys\nimport {', '.join(fronts)}\n{REPORT}", dev=dev))
     assert facts["torch"] is False and facts["beartype"] is False
     assert facts["capkv"] == sorted([*fronts, "capkv._lazy", "capkv._version"])

@@ -9,13 +9,15 @@
   counter-example that type checkers and :func:`capkv.check_stack` reject on
   multi-group models.
 
-All key blocks by group and a chained content hash of the token prefix, so the
-stores interoperate in a ``MultiConnector`` stack, and save each block in
-the step that fills it (read from the scheduler output by vLLM's field names).
-:class:`PrefixStoreConnector` is their common base, for stores of your own
-(:class:`StoreMetadata` and :class:`SaveReport` are what its two sides exchange);
-:func:`longest_hit` is the rule for which blocks of each group (sliding windows
-included) a prefix hit needs.
+The three stores are backends under one shared layer (:mod:`capkv.stores`):
+they key blocks alike (group, and a chained digest of everything that
+determines a block's KV), so they interoperate in a ``MultiConnector`` stack,
+check every value they load, and save each block in the step that fills it
+(read from the scheduler output by vLLM's field names). For a store of your
+own, write a :class:`capkv.stores.Backend`; :class:`PrefixStoreConnector` is
+the common base (:class:`StoreMetadata` and :class:`SaveReport` are what its
+two sides exchange); :func:`longest_hit` is the rule for which blocks of each
+group (sliding windows included) a prefix hit needs.
 """
 
 from typing import TYPE_CHECKING
@@ -23,12 +25,12 @@ from typing import TYPE_CHECKING
 from capkv._lazy import attach
 
 if TYPE_CHECKING:
-    from capkv.connectors._base import PrefixStoreConnector
+    from capkv.stores._base import PrefixStoreConnector
     from capkv.connectors._cpu_offload import CPUOffloadConnector
     from capkv.connectors._file_store import FileStoreConnector
-    from capkv.connectors._hits import GroupGeometry, longest_hit
-    from capkv.connectors._keys import BlockKey, PrefixHasher
-    from capkv.connectors._metadata import SaveReport, StoreMetadata
+    from capkv.stores._hits import GroupGeometry, longest_hit
+    from capkv.stores._keys import BlockKey, PrefixHasher
+    from capkv.stores._metadata import SaveReport, StoreMetadata
     from capkv.connectors._redis_store import RedisStoreConnector
     from capkv.connectors._single_group import SingleGroupOffloadConnector
 
@@ -50,12 +52,12 @@ if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
     __getattr__, __dir__ = attach(
         __name__,
         {
-            "capkv.connectors._base": ["PrefixStoreConnector"],
+            "capkv.stores._base": ["PrefixStoreConnector"],
             "capkv.connectors._cpu_offload": ["CPUOffloadConnector"],
             "capkv.connectors._file_store": ["FileStoreConnector"],
-            "capkv.connectors._hits": ["GroupGeometry", "longest_hit"],
-            "capkv.connectors._keys": ["BlockKey", "PrefixHasher"],
-            "capkv.connectors._metadata": ["SaveReport", "StoreMetadata"],
+            "capkv.stores._hits": ["GroupGeometry", "longest_hit"],
+            "capkv.stores._keys": ["BlockKey", "PrefixHasher"],
+            "capkv.stores._metadata": ["SaveReport", "StoreMetadata"],
             "capkv.connectors._redis_store": ["RedisStoreConnector"],
             "capkv.connectors._single_group": ["SingleGroupOffloadConnector"],
         },

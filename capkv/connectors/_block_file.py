@@ -11,106 +11,52 @@ never half there. Packs are
 immutable, so a reader that opened one keeps reading the same bytes even if
 another process evicts (unlinks) it meanwhile: there are no torn reads.
 
-Every record is self-checking — magic, version, the block's key, a fingerprint
-of the memory layout that produced the bytes, the payload length and a 64-bit
-checksum of the payload — so a truncated, corrupted or stale record is rejected,
-never loaded. The checksum (:func:`block_checksums`) is a position-weighted sum
-(mod 2**64) of the payload's 8-byte words taken along two axes, every word with
-an odd weight: it changes with every single-bit error, and words moved, swapped,
-zeroed or cut off pass it only by coincidence. Not a defence against an adversary
-(neither is a CRC), but torch computes it for a whole batch of blocks at memory
-speed, about five times faster than ``zlib.crc32`` here, where a CRC alone cost
-more than reading the bytes. Reading
-decides by what happened: a missing pack is a miss; a bad header or CRC is
-damage; any other ``OSError`` (out of file descriptors, an I/O error, no
-permission) is this read's failure only, and says nothing about the file.
+Every record is one stored value (:mod:`capkv.stores._value`): its header says
+the block's key, the memory layout (and shard) the bytes were gathered under,
+the payload length and its checksum, so a truncated, corrupted or stale record
+is found out by the store's checks when it is read, never loaded. The pack adds
+nothing to a value: the records' headers are the pack's index
+(:func:`scan_pack`). Reading decides by what happened: a missing pack is a
+miss; any other ``OSError`` (out of file descriptors, an I/O error, no
+permission) is this read's miss only, and says nothing about the file.
 """
 
 from __future__ import annotations
 
-import ctypes
-import enum
 import os
-import struct
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from capkv.connectors._keys import DIGEST_SIZE, BlockKey
+from capkv.stores._keys import BlockKey
+from capkv.stores._value import HEADER_SIZE, pack_header, unpack_header
 
 __all__ = [
     "HEADER_SIZE",
     "PACK_SUFFIX",
     "TEMP_SUFFIX",
     "PackRecord",
-    "ReadResult",
     "RecordHeader",
-    "block_checksums",
-    "read_record",
-    "read_records",
+    "read_values",
     "scan_pack",
     "sweep_temporary_files",
-    "tensor_memory",
     "write_pack",
 ]
 
-_MAGIC = b"CAPKVBLK"
-_VERSION = 3
-_HEADER = struct.Struct(f"<8sII{DIGEST_SIZE}s32sQQ")
-_CHUNK_WORDS = 64
-_MIX = 0x0E3779B97F4A7C15
-_weights: dict[int, torch.Tensor] = {}
-HEADER_SIZE = _HEADER.size
 TEMP_SUFFIX = ".tmp"
 PACK_SUFFIX = ".kvpack"
 
 
-def tensor_memory(rows: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU ``uint8`` tensor, without copying (keep the tensor alive)."""
-    buffer = (ctypes.c_char * rows.numel()).from_address(rows.data_ptr())
-    return memoryview(buffer).cast("B")
-
-
-def block_checksums(rows: torch.Tensor) -> list[int]:
-    """The checksum of each row of a contiguous CPU ``uint8`` tensor (one block per row)."""
-    count, nbytes = rows.shape
-    if nbytes % 8:
-        words = rows.to(torch.int64)
-    else:
-        words = rows.view(torch.int64)
-    width = words.shape[1]
-    chunk = _CHUNK_WORDS if width % _CHUNK_WORDS == 0 else 1
-    grid = words.view(count, width // chunk, chunk)
-    across, down = grid.sum(dim=2), grid.sum(dim=1)
-    # Each word's total weight, (2c + 1) + 2 * MIX * (2k + 1), is odd: a flip of any single bit moves the sum.
-    mixed = (across * _odd_weights(across.shape[1])).sum(dim=1) + (down * _odd_weights(chunk)).sum(dim=1) * (2 * _MIX)
-    return [int(mixed[index].item()) & 0xFFFF_FFFF_FFFF_FFFF for index in range(count)]
-
-
-def _odd_weights(count: int) -> torch.Tensor:
-    weights = _weights.get(count)
-    if weights is None:
-        weights = _weights[count] = torch.arange(count, dtype=torch.int64) * 2 + 1
-    return weights
-
-
-def payload_checksum(payload: memoryview) -> int:
-    """:func:`block_checksums` of one payload."""
-    return block_checksums(torch.frombuffer(payload, dtype=torch.uint8).view(1, -1))[0] if len(payload) else 0
-
-
 @dataclass(frozen=True)
 class PackRecord:
-    """One block to write: its key, the layout fingerprint its bytes were gathered under, the bytes
-    and their :func:`block_checksums`."""
+    """One value to write: its key, the layout fingerprint its bytes were gathered under, the block's
+    bytes and their checksum (:mod:`capkv.stores._checksum`)."""
 
     key: BlockKey
     fingerprint: bytes
     payload: memoryview
-    checksum: int
+    checksum: bytes
 
 
 @dataclass(frozen=True)
@@ -122,8 +68,9 @@ class RecordHeader:
     offset: int
     """Of the header; the payload follows it."""
     length: int
-    crc: int
-    """The payload's checksum (:func:`block_checksums`)."""
+    """Of the payload."""
+    crc: bytes
+    """The payload's checksum, as the header says."""
 
 
 def write_pack(root: Path, records: Sequence[PackRecord]) -> tuple[str, list[RecordHeader]]:
@@ -138,12 +85,9 @@ def write_pack(root: Path, records: Sequence[PackRecord]) -> tuple[str, list[Rec
             parts: list[bytes | memoryview] = []
             for record in records:
                 payload = record.payload
-                crc = record.checksum
-                parts.append(_HEADER.pack(
-                    _MAGIC, _VERSION, record.key.group, record.key.digest, record.fingerprint, len(payload), crc
-                ))
+                parts.append(pack_header(record.key, record.fingerprint, len(payload), record.checksum))
                 parts.append(payload)
-                headers.append(RecordHeader(record.key, record.fingerprint, offset, len(payload), crc))
+                headers.append(RecordHeader(record.key, record.fingerprint, offset, len(payload), record.checksum))
                 offset += HEADER_SIZE + len(payload)
             _write_all(descriptor, parts)
             os.fsync(descriptor)
@@ -174,68 +118,33 @@ def _write_all(descriptor: int, parts: list[bytes | memoryview]) -> None:
 
 def scan_pack(path: Path) -> Iterator[RecordHeader]:
     """The records of a pack, from their headers (payloads are skipped, not checked); stops at the
-    first header that is not one (a damaged tail)."""
+    first header that is not one (a damaged tail, or a pack of another format)."""
     with open(path, "rb") as file:
         size = os.fstat(file.fileno()).st_size
         offset = 0
         while offset + HEADER_SIZE <= size:
-            header = file.read(HEADER_SIZE)
-            if len(header) != HEADER_SIZE:
+            header = unpack_header(file.read(HEADER_SIZE))
+            if header is None or offset + HEADER_SIZE + header.length > size:
                 return
-            magic, version, group, digest, fingerprint, length, crc = _HEADER.unpack(header)
-            if magic != _MAGIC or version != _VERSION or offset + HEADER_SIZE + length > size:
-                return
-            yield RecordHeader(BlockKey(group, digest), fingerprint, offset, length, crc)
-            offset += HEADER_SIZE + length
+            yield RecordHeader(header.key, header.layout, offset, header.length, header.checksum)
+            offset += HEADER_SIZE + header.length
             file.seek(offset)
 
 
-class ReadResult(enum.Enum):
-    """What reading one record found."""
-
-    OK = "ok"
-    ABSENT = "absent"
-    """The pack is gone (evicted, say): a miss."""
-    DAMAGED = "damaged"
-    """The record is not what its pack's index said, or fails its CRC: nobody can use the pack."""
-    FAILED = "failed"
-    """The read itself failed (``EMFILE``, ``EIO``, ``EACCES`` ...): nothing is known of the file."""
-
-
-def read_record(descriptor: int, record: RecordHeader, into: torch.Tensor) -> ReadResult:
-    """Read ``record`` from an open pack into ``into`` (a ``uint8`` tensor of its length), checking everything."""
-    return read_records(descriptor, [record], into.view(1, -1))[0]
-
-
-def read_records(descriptor: int, records: Sequence[RecordHeader], rows: torch.Tensor) -> list[ReadResult]:
-    """Read records that lie back to back in an open pack into ``rows`` (one contiguous ``uint8`` row
-    each), in one system call, checking each."""
-    if any(record.length != rows.shape[1] for record in records):
-        return [ReadResult.DAMAGED if r.length != rows.shape[1] else ReadResult.FAILED for r in records]
-    memory = tensor_memory(rows)
-    width = rows.shape[1]
-    headers = [bytearray(HEADER_SIZE) for _ in records]
-    buffers: list[bytearray | memoryview] = []
-    for index, header in enumerate(headers):
-        buffers += (header, memory[index * width : (index + 1) * width])
+def read_values(descriptor: int, records: Sequence[RecordHeader], buffers: Sequence[memoryview]) -> list[int] | None:
+    """Read records that lie back to back in an open pack, each whole value (header and payload) into
+    its buffer, in one system call; per record, how many of its bytes were read (fewer than its value's
+    length: the pack is shorter than its index said), or ``None`` when the pack is gone or unreadable."""
+    views = [buffer[: HEADER_SIZE + record.length] for record, buffer in zip(records, buffers, strict=True)]
     try:
-        got = os.preadv(descriptor, buffers, records[0].offset)
-    except FileNotFoundError:
-        return [ReadResult.ABSENT] * len(records)
+        got = os.preadv(descriptor, views, records[0].offset)
     except OSError:
-        return [ReadResult.FAILED] * len(records)
-    sums = block_checksums(rows)
-    results: list[ReadResult] = []
-    for record, header, checksum in zip(records, headers, sums, strict=True):
-        got -= HEADER_SIZE + record.length
-        if got < 0:
-            results.append(ReadResult.DAMAGED)  # the pack is shorter than its index said
-            continue
-        magic, version, group, digest, fingerprint, length, stored = _HEADER.unpack(header)
-        claimed = (magic, version, BlockKey(group, digest), fingerprint, length, stored)
-        expected = (_MAGIC, _VERSION, record.key, record.fingerprint, record.length, record.crc)
-        results.append(ReadResult.OK if claimed == expected and checksum == stored else ReadResult.DAMAGED)
-    return results
+        return None
+    counts: list[int] = []
+    for view in views:
+        counts.append(min(got, len(view)))
+        got = max(0, got - len(view))
+    return counts
 
 
 def sweep_temporary_files(root: Path) -> int:

@@ -1,47 +1,65 @@
 """``CPUOffloadConnector``: computed KV kept in a host block pool, loaded on a prefix hit.
 
-The pool holds ``capacity_blocks`` blocks (each slot as large as the largest
-group's block) and, when a save needs room, evicts from the tail of the prefix
-chain used longest ago — never a block a load or a save is using, nor one of
-the prefix the save extends (see :mod:`capkv.connectors._host_pool`). On CUDA the pool is pinned
-and copies run on a side stream.
+The pool holds ``capacity_blocks`` values (each slot as large as the largest
+group's value) in one host tensor — a :class:`~capkv.stores.Backend` that
+lives in the worker's memory (:class:`HostPool`). What it holds is decided on
+the scheduler side (:class:`~capkv.connectors._host_pool.HostPoolIndex`): when a
+save needs room, it evicts from the tail of the prefix chain used longest ago —
+never a block a load or a save is using, nor one of the prefix the save extends
+— and the evicted blocks travel to the worker in the step's metadata, deleted
+before the step's saves are written. On CUDA the pool is pinned and saves are
+written in the background.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-import torch
+import heapq
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from capkv.config._options import ConnectorOptions, Option
-from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._host_pool import HostPoolIndex
-from capkv.connectors._metadata import BlockMove
-from capkv.connectors._worker import Landing, StoreWorker, StoredWhenCopied, consecutive_runs
 from capkv.contracts._arguments import require_int, require_str
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
-from capkv.transfer._copier import BlockCopier
-from capkv.transfer._handle import CopyHandle, all_of
+from capkv.stores._backend import StoreKey
+from capkv.stores._base import PrefixStoreConnector, require_store_spec
+from capkv.stores._value import row_memory
+from capkv.stores._worker import StoreWorker
 
-__all__ = ["CPUOffloadConnector", "HostPoolConnector", "HostPoolWorker"]
+if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
+    import torch
+
+    import capkv.transfer._copier
+
+__all__ = ["CPUOffloadConnector", "HostPool", "HostPoolConnector"]
 
 _SLOT_ALIGNMENT = 64
-"""Slots start on cache lines, so every group's rows take the widest copy word."""
+"""Slots start on cache lines."""
 
 
-class HostPoolWorker(StoreWorker):
-    """The pool memory: ``capacity`` slots, allocated when the engine registers its KV cache."""
+class HostPool:
+    """The pool memory: ``capacity`` slots of one value each, allocated when the KV cache is registered.
 
-    def __init__(self, spec: KVSpec, capacity: int, *, owner: str) -> None:
-        super().__init__(spec, owner=owner)
-        self._capacity = capacity
-        self._pool: torch.Tensor | None = None
+    A backend whose contents the scheduler side decides: it never evicts on its
+    own, and a put that finds no free slot is refused (the save fails).
+    """
 
-    def _attached(self, copier: BlockCopier) -> None:
-        largest = max(copier.block_nbytes(g) for g in range(self._spec.num_groups))
-        slot_nbytes = -(-largest // _SLOT_ALIGNMENT) * _SLOT_ALIGNMENT
+    def __init__(self, capacity: int, *, owner: str) -> None:
+        self._owner = owner
+        self.capacity: int = capacity
+        self._pool = cast("torch.Tensor | None", None)
+        self._slots: dict[StoreKey, int] = {}
+        self._free = list(range(capacity))
+        self._lock = threading.Lock()
+
+    def allocate(self, value_nbytes: int, *, pinned: bool) -> None:
+        """Slots for values of up to ``value_nbytes``; a pool already there keeps its values."""
+        import torch  # noqa: PLC0415
+
+        slot_nbytes = -(-value_nbytes // _SLOT_ALIGNMENT) * _SLOT_ALIGNMENT
         if self._pool is not None:  # registered again: the stored blocks must survive
             if self._pool.shape[1] != slot_nbytes:
                 raise ConfigError(
@@ -50,27 +68,74 @@ class HostPoolWorker(StoreWorker):
                     connector=self._owner, method="register_kv_caches", value=slot_nbytes,
                 )
             return
-        self._pool = copier.host_rows(self._capacity, slot_nbytes)
+        self._pool = torch.empty((self.capacity, slot_nbytes), dtype=torch.uint8, pin_memory=pinned)
 
-    def _rows(self, copier: BlockCopier, group: int, first_slot: int, count: int) -> torch.Tensor:
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def _slot(self, slot: int, nbytes: int) -> memoryview:
         pool = self._pool
-        if pool is None:  # set with the copier
-            raise ConfigError(f"{self._owner}: no host pool", connector=self._owner)
-        return pool[first_slot : first_slot + count, : copier.block_nbytes(group)]
+        if pool is None:
+            raise ConfigError(f"{self._owner}: no host pool before register_kv_caches", connector=self._owner)
+        return row_memory(pool[slot])[:nbytes]
 
-    def _load(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, set[int]]:
-        handles = [
-            copier.scatter(move.group, move.block_ids[i : i + n], self._rows(copier, move.group, slot, n))
-            for i, n, slot in consecutive_runs(move.slots)
-        ]
-        return all_of(handles), set()
+    def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
+        with self._lock:
+            return [key in self._slots for key in keys]
 
-    def _save(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, Landing]:
-        copied = all_of([
-            copier.gather(move.group, move.block_ids[i : i + n], self._rows(copier, move.group, slot, n))
-            for i, n, slot in consecutive_runs(move.slots)
-        ])
-        return copied, StoredWhenCopied(copied)
+    def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
+        with self._lock:
+            slots = [self._slots.get(key) for key in keys]
+        return [None if slot is None else bytes(self._slot(slot, key.nbytes)) for key, slot in zip(keys, slots, strict=True)]
+
+    def get_into(self, keys: Sequence[StoreKey], buffers: Sequence[memoryview], /) -> list[int | None]:
+        with self._lock:
+            slots = [self._slots.get(key) for key in keys]
+        read: list[int | None] = []
+        for key, slot, buffer in zip(keys, slots, buffers, strict=True):
+            if slot is None:
+                read.append(None)
+                continue
+            buffer[: key.nbytes] = self._slot(slot, key.nbytes)
+            read.append(key.nbytes)
+        return read
+
+    def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> list[bool]:
+        stored: list[bool] = []
+        for key, value in items:
+            with self._lock:
+                slot = self._slots.get(key)
+                if slot is None and self._free:
+                    slot = self._slots[key] = heapq.heappop(self._free)
+            if slot is None or len(value) > key.nbytes:
+                stored.append(False)
+                continue
+            self._slot(slot, len(value))[:] = value
+            stored.append(True)
+        return stored
+
+    def delete(self, keys: Sequence[StoreKey], /) -> None:
+        with self._lock:
+            for key in keys:
+                slot = self._slots.pop(key, None)
+                if slot is not None:
+                    heapq.heappush(self._free, slot)
+
+    def close(self) -> None:
+        with self._lock:
+            self._slots.clear()
+        self._pool = None
+
+
+class _PoolWorker(StoreWorker):
+    """The shared worker, sizing the pool's slots from the registered KV cache."""
+
+    def __init__(self, spec: KVSpec, pool: HostPool, *, owner: str) -> None:
+        super().__init__(spec, pool, owner=owner, background=None)
+        self._pool = pool
+
+    def _attached(self, copier: capkv.transfer._copier.BlockCopier) -> None:
+        self._pool.allocate(max(self.value_sizes), pinned=copier.device.type == "cuda")
 
 
 class HostPoolConnector(PrefixStoreConnector):
@@ -96,7 +161,9 @@ class HostPoolConnector(PrefixStoreConnector):
         require_str(namespace, name, "namespace", connector=name, method="__init__")
         self.pool: HostPoolIndex = HostPoolIndex(capacity_blocks)
         """Which blocks the pool holds (scheduler side)."""
-        super().__init__(spec, self.pool, HostPoolWorker(spec, capacity_blocks, owner=name), namespace=namespace)
+        self.memory: HostPool = HostPool(capacity_blocks, owner=name)
+        """The pool itself (worker side)."""
+        super().__init__(spec, self.pool, _PoolWorker(spec, self.memory, owner=name), namespace=namespace)
 
 
 class CPUOffloadConnector(HostPoolConnector):

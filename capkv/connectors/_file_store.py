@@ -1,67 +1,50 @@
-"""``FileStoreConnector``: the same prefix keys as the host pool, in pack files in a directory.
+"""``FileStoreConnector``: the store's values in pack files in a directory, shared by processes.
 
-Writes are batched: a background thread writes every save queued since its
-last write as one pack file (:mod:`capkv.connectors._block_file`: one file, one
-fsync, one atomic rename), so the cost per block is its bytes, not a file.
-Reads go straight to the record's offset. The directory is the index
-(:mod:`capkv.connectors._pack_catalog`), shared by every engine process that
-uses it, and bounded by ``capacity_bytes`` (least recently used packs go first).
+A :class:`FileBackend` under the shared store layer
+(:class:`~capkv.stores.StoreConnector`): the writer puts every value sealed
+since its last put into one pack file (:mod:`capkv.connectors._block_file`: one
+file, one fsync, one atomic rename), so the cost per block is its bytes, not a
+file. Reads go straight to the record's offset, values that lie back to back
+in one pack in one system call, into the store's buffers. The directory is the
+index (:mod:`capkv.connectors._pack_catalog`), shared by every engine process
+that uses it, and bounded by ``capacity_bytes`` (least recently used packs go
+first, never one a planned load has pinned).
 
-Keys include the memory layout: each record carries the fingerprint of the
-layout its bytes were gathered under, taken when the save was started (in the
-engine step, never later on the writer thread), so blocks of another layout
-are not offered, not loaded and do not stop this engine from saving its own.
-
-Reading decides by errno: a pack that is gone is a miss; a record whose header
-or CRC is wrong is damage, and is removed (a tombstone; the pack's other
-records stay); any other error (out of
-file descriptors, an I/O error, no permission) fails this step's load of the
-block and keeps the file. A write that fails is reported once — raised by
-``flush``/``close`` (all failures since the last, as one exception or an
-``ExceptionGroup``) and counted in ``failed_save_blocks`` — and keeps nothing:
-no traceback frames, no host buffers.
+A pack that is gone is a miss; any other read error (out of file descriptors,
+an I/O error, no permission) is this step's miss and keeps the file. A value
+the store's checks find damaged is deleted: a tombstone for its record (the
+pack's other records stay). A write that fails is reported once — raised by
+``flush``/``close`` and counted in ``failed_save_blocks``.
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import os
-import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import torch
-
 from capkv.config._options import ConnectorOptions, Option
-from capkv.connectors._base import PrefixStoreConnector, require_store_spec
 from capkv.connectors._block_file import (
-    HEADER_SIZE,
     PackRecord,
-    ReadResult,
     RecordHeader,
-    block_checksums,
-    read_records,
+    read_values,
     sweep_temporary_files,
-    tensor_memory,
     write_pack,
 )
-from capkv.connectors._keys import BlockKey
-from capkv.connectors._metadata import BlockMove
 from capkv.connectors._pack_catalog import PackCatalog
-from capkv.connectors._worker import Landing, StoreWorker
 from capkv.contracts._arguments import argument_error, require_callable, require_instance, require_int, require_str
-from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
-from capkv.transfer._copier import BlockCopier
-from capkv.transfer._handle import FINISHED, CopyHandle
+from capkv.stores._backend import StoreKey
+from capkv.stores._base import require_store_spec
+from capkv.stores._connector import StoreConnector
+from capkv.stores._value import HEADER_SIZE, unpack_header
 
-__all__ = ["DEFAULT_CAPACITY_BYTES", "FileIndex", "FileStoreConnector", "FileStoreWorker", "PackWriter"]
+__all__ = ["DEFAULT_CAPACITY_BYTES", "FileBackend", "FileStoreConnector", "PackWriter"]
 
 DEFAULT_CAPACITY_BYTES = 16 << 30
 """16 GiB."""
@@ -69,306 +52,143 @@ DEFAULT_CAPACITY_BYTES = 16 << 30
 PackWriter = Callable[[Path, Sequence[PackRecord]], tuple[str, list[RecordHeader]]]
 """Writes one pack: ``(root, records) -> (file name, records written)``, as :func:`write_pack`."""
 
-_BATCH_BYTES = 256 << 20
-"""At most this many payload bytes per pack (more queued saves go in the next one)."""
-
-_KEPT_FAILURES = 64
-"""Write failures kept for ``flush`` to raise; beyond that only counted."""
-
 _OPEN_PACKS = 32
 """Pack files a reader keeps open."""
 
 _RUN_RECORDS = 256
-"""At most this many records per read call (two buffers each, under ``IOV_MAX``)."""
+"""At most this many records per read call (under ``IOV_MAX``)."""
+
+_log = logging.getLogger("capkv.stores")
 
 
-class FileIndex:
-    """The scheduler side's view of the directory: a block is there when a pack lists it under this
-    engine's layout. Blocks whose write was planned here and not yet reported are *pending*: held (not
-    planned again), not loadable. Until the layout is known nothing is loadable."""
+class FileBackend:
+    """A store directory's pack files as a backend: batched reads straight into buffers, pins, one
+    pack per put."""
 
-    def __init__(self, catalog: PackCatalog) -> None:
-        self._catalog = catalog
-        self._fingerprints: tuple[bytes, ...] | None = None
-        self._pending: set[BlockKey] = set()
-        self._pinned: dict[BlockKey, list[str]] = {}
-
-    def set_layout(self, fingerprints: tuple[bytes, ...], /) -> None:
-        self._fingerprints = fingerprints
-
-    def _place(self, key: BlockKey) -> str | None:
-        fingerprints = self._fingerprints
-        if fingerprints is None:
-            return None
-        found = self._catalog.find(key, fingerprints[key.group])
-        return None if found is None else found[0]
-
-    def loadable(self, key: BlockKey, /) -> bool:
-        return self._place(key) is not None
-
-    def holds(self, key: BlockKey, /) -> bool:
-        return key in self._pending or self.loadable(key)
-
-    def touch(self, key: BlockKey, /) -> None:
-        return None
-
-    def pin(self, key: BlockKey, /) -> int | None:
-        name = self._place(key)
-        if name is None:
-            return None
-        self._catalog.pin(name)
-        self._pinned.setdefault(key, []).append(name)
-        return 0
-
-    def unpin(self, key: BlockKey, /) -> None:
-        names = self._pinned.get(key)
-        if names:
-            self._catalog.unpin(names.pop())
-            if not names:
-                del self._pinned[key]
-
-    def reserve(self, key: BlockKey, /) -> int | None:
-        self._pending.add(key)
-        return 0
-
-    def commit(self, key: BlockKey, /) -> None:
-        self._pending.discard(key)
-
-    def release(self, key: BlockKey, /) -> None:
-        self._pending.discard(key)
-
-
-@dataclass
-class _Job:
-    """One started save, queued for the writer thread (the layout fingerprint taken at start)."""
-
-    move: BlockMove
-    rows: torch.Tensor
-    copied: CopyHandle
-    fingerprint: bytes
-    landed: Future[tuple[BlockKey, ...]]
-
-
-class FileStoreWorker(StoreWorker):
-    """Reads records into host rows and scatters them; gathers rows and queues them for the writer thread."""
-
-    def __init__(self, spec: KVSpec, catalog: PackCatalog, *, owner: str, write: PackWriter = write_pack) -> None:
-        super().__init__(spec, owner=owner)
-        self._catalog = catalog
+    def __init__(self, catalog: PackCatalog, *, owner: str, write: PackWriter = write_pack) -> None:
+        self.catalog: PackCatalog = catalog
         self._root = catalog.root
+        self._owner = owner
         self._write = write
-        self._fingerprints: tuple[bytes, ...] = ()
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._failures: list[BaseException] = []
-        self._dropped_failures = 0
-        self._failures_lock = threading.Lock()
         self._open: OrderedDict[str, int] = OrderedDict()
-        self._thread = threading.Thread(target=self._writer, name="capkv-file-store", daemon=True)
-        self._thread.start()
-        self._closed = False
+        self._open_lock = threading.Lock()
+        self._pinned: dict[StoreKey, list[str]] = {}
+        self.eviction_failures: int = 0
+        """Evictions that raised (the pack stays; the next put tries again)."""
 
-    # ---- layout ----------------------------------------------------------------------------
+    def _find(self, key: StoreKey) -> tuple[str, RecordHeader] | None:
+        found = self.catalog.find(key.block, key.layout)
+        if found is None or HEADER_SIZE + found[1].length != key.nbytes:
+            return None
+        return found
 
-    def _attached(self, copier: BlockCopier) -> None:
-        self._fingerprints = tuple(
-            hashlib.blake2b(repr((str(self._spec.dtype), group.signature)).encode(), digest_size=32).digest()
-            for group in copier.layout.groups
-        )
-        self.announce_layout(self._fingerprints)
+    def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
+        return [self._find(key) is not None for key in keys]
 
-    @property
-    def fingerprints(self) -> tuple[bytes, ...]:
-        return self._fingerprints
+    def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
+        buffers = [bytearray(key.nbytes) for key in keys]
+        counts = self.get_into(keys, [memoryview(buffer) for buffer in buffers])
+        return [None if count is None else bytes(buffer[:count]) for buffer, count in zip(buffers, counts, strict=True)]
 
-    # ---- loads -------------------------------------------------------------------------------
-
-    def _load(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, set[int]]:
-        rows = copier.host_rows(len(move.block_ids), copier.block_nbytes(move.group))
-        fingerprint = self._fingerprints[move.group]
-        results = [ReadResult.ABSENT] * len(move.keys)
+    def get_into(self, keys: Sequence[StoreKey], buffers: Sequence[memoryview], /) -> list[int | None]:
+        counts: list[int | None] = [None] * len(keys)
         # Records that lie back to back in one pack (saved together) are read in one call.
         run: list[tuple[int, str, RecordHeader]] = []
-        for index, key in enumerate(move.keys):
-            found = self._catalog.find(key, fingerprint, refresh=False) or self._catalog.find(key, fingerprint)
+        for index, key in enumerate(keys):
+            found = self._find(key)
             if found is None:
                 continue
             name, record = found
             if run and (len(run) == _RUN_RECORDS or not _continues(run[-1], index, name, record)):
-                self._read_run(run, rows, results)
+                self._read_run(run, buffers, counts)
                 run = []
             run.append((index, name, record))
         if run:
-            self._read_run(run, rows, results)
-        good = [i for i, result in enumerate(results) if result is ReadResult.OK]
-        failed = {move.block_ids[i] for i, result in enumerate(results) if result is not ReadResult.OK}
-        if not good:
-            return FINISHED, failed
-        if failed:
-            rows = rows[good]
-        return copier.scatter(move.group, [move.block_ids[i] for i in good], rows), failed
+            self._read_run(run, buffers, counts)
+        return counts
 
-    def _read_run(self, run: list[tuple[int, str, RecordHeader]], rows: torch.Tensor, results: list[ReadResult]) -> None:
-        """Read records back to back in one pack into their rows; each one's result into ``results``."""
+    def _read_run(self, run: list[tuple[int, str, RecordHeader]], buffers: Sequence[memoryview], counts: list[int | None]) -> None:
         name = run[0][1]
         try:
             descriptor = self._descriptor(name)
         except FileNotFoundError:
-            self._catalog.forget(name)  # evicted: a miss
+            self.catalog.forget(name)  # evicted: a miss
             return
-        except OSError:  # EMFILE, EACCES, EIO: these loads fail, the file stays
-            for index, _, _ in run:
-                results[index] = ReadResult.FAILED
+        except OSError:  # EMFILE, EACCES, EIO: a miss now, the file stays
             return
-        first = run[0][0]  # a run's rows are consecutive too: its records are the move's in order
-        read = read_records(descriptor, [record for _, _, record in run], rows[first : first + len(run)])
-        for (index, _, record), result in zip(run, read, strict=True):
-            results[index] = result
-            if result is ReadResult.DAMAGED:
-                self._catalog.bury(name, record)
-        if ReadResult.OK in read:
-            self._catalog.used(name)
+        read = read_values(descriptor, [record for _, _, record in run], [buffers[index] for index, _, _ in run])
+        if read is None:
+            return
+        for (index, _, _), count in zip(run, read, strict=True):
+            counts[index] = count
+        self.catalog.used(name)
 
     def _descriptor(self, name: str) -> int:
-        descriptor = self._open.get(name)
-        if descriptor is not None:
-            self._open.move_to_end(name)
+        with self._open_lock:
+            descriptor = self._open.get(name)
+            if descriptor is not None:
+                self._open.move_to_end(name)
+                return descriptor
+            descriptor = os.open(self._root / name, os.O_RDONLY)
+            self._open[name] = descriptor
+            while len(self._open) > _OPEN_PACKS:
+                _, oldest = self._open.popitem(last=False)
+                os.close(oldest)
             return descriptor
-        descriptor = os.open(self._root / name, os.O_RDONLY)
-        self._open[name] = descriptor
-        while len(self._open) > _OPEN_PACKS:
-            _, oldest = self._open.popitem(last=False)
-            os.close(oldest)
-        return descriptor
 
-    def _close(self, name: str) -> None:
-        descriptor = self._open.pop(name, None)
-        if descriptor is not None:
-            os.close(descriptor)
-
-    # ---- saves -------------------------------------------------------------------------------
-
-    def _save(self, copier: BlockCopier, move: BlockMove) -> tuple[CopyHandle, Landing]:
-        rows = copier.host_rows(len(move.block_ids), copier.block_nbytes(move.group))
-        copied = copier.gather(move.group, move.block_ids, rows)
-        landed: Future[tuple[BlockKey, ...]] = Future()
-        self._queue.put(_Job(move, rows, copied, self._fingerprints[move.group], landed))
-        return copied, landed
-
-    def _writer(self) -> None:
-        """The writer thread: every queued save since the last pack goes into the next one."""
-        while True:
-            batch, stop = self._next_batch()
-            try:
-                if batch:
-                    self._write_batch(batch)
-            finally:
-                for _ in range(len(batch) + stop):
-                    self._queue.task_done()
-            del batch  # no host rows outlive their write
-            if stop:
-                return
-
-    def _next_batch(self) -> tuple[list[_Job], bool]:
-        """The queued saves, up to a pack's worth of bytes (waiting for the first), and whether to stop."""
-        first = self._queue.get()
-        if first is None:
-            return [], True
-        batch = [first]
-        size = first.rows.numel()
-        while size < _BATCH_BYTES:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:
-                return batch, True
-            batch.append(job)
-            size += job.rows.numel()
-        return batch, False
-
-    def _write_batch(self, batch: list[_Job]) -> None:
+    def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> list[bool]:
+        """One pack for every value; all stored, or (the write raised) none."""
         records: list[PackRecord] = []
-        written: list[_Job] = []
-        for job in batch:
-            try:
-                job.copied.wait()
-            except Exception as error:  # the gather failed: nothing of this save to write
-                self._failed_write(error)
-                job.landed.set_result(job.move.keys)
-                continue
-            written.append(job)
-            sums = block_checksums(job.rows)
-            records += (
-                PackRecord(key, job.fingerprint, tensor_memory(job.rows[index]), sums[index])
-                for index, key in enumerate(job.move.keys)
-            )
-        if not written:
-            return
+        for key, value in items:
+            header = unpack_header(value)
+            if header is None or header.key != key.block or len(value) != HEADER_SIZE + header.length:
+                raise ValueError(f"{self._owner}: a value handed to put is not {key.name}'s sealed value")
+            records.append(PackRecord(key.block, key.layout, value[HEADER_SIZE:], header.checksum))
+        if not records:
+            return []
+        name, headers = self._write(self._root, records)
+        del records
+        self.catalog.add(name, headers)
         try:
-            name, headers = self._write(self._root, records)
-        except Exception as error:  # a disk error: none of these blocks is stored
-            self._failed_write(error)
-            for job in written:
-                job.landed.set_result(job.move.keys)
-            return
-        finally:
-            del records
-        self._catalog.add(name, headers)
-        for job in written:
-            job.landed.set_result(())
-        try:
-            self._catalog.evict(keep=name)
-        except Exception as error:  # never let eviction kill the writer
-            self._failed_write(error)
+            self.catalog.evict(keep=name)
+        except Exception as error:  # noqa: BLE001 (the values are stored; eviction is retried after the next put)
+            self.eviction_failures += 1
+            _log.warning("%s: evicting packs failed: %r", self._owner, error)
+        return [True] * len(items)
 
-    def _failed_write(self, error: BaseException) -> None:
-        """Keep the failure for ``flush`` — without its traceback, whose frames hold the buffers."""
-        error.__traceback__ = None
-        error.__context__ = None
-        error.__cause__ = None
-        with self._failures_lock:
-            if len(self._failures) < _KEPT_FAILURES:
-                self._failures.append(error)
-            else:
-                self._dropped_failures += 1
+    def delete(self, keys: Sequence[StoreKey], /) -> None:
+        """Tombstone every record of each key (the packs' other records stay)."""
+        for key in keys:
+            while (found := self.catalog.find(key.block, key.layout, refresh=False)) is not None:
+                self.catalog.bury(*found)
 
-    # ---- draining ------------------------------------------------------------------------------
+    def pin(self, keys: Sequence[StoreKey], /) -> list[bool]:
+        pinned: list[bool] = []
+        for key in keys:
+            found = self._find(key)
+            if found is not None:
+                self.catalog.pin(found[0])
+                self._pinned.setdefault(key, []).append(found[0])
+            pinned.append(found is not None)
+        return pinned
 
-    def flush(self) -> None:
-        """Wait until every started write is over; raise the failures since the last call, each once."""
-        self._queue.join()
-        self._settle(wait=True)
-        with self._failures_lock:
-            failures, dropped = self._failures, self._dropped_failures
-            self._failures, self._dropped_failures = [], 0
-        if not failures:
-            return
-        if len(failures) == 1 and not dropped:
-            raise failures[0]
-        group = ExceptionGroup(
-            f"{self._owner}: {len(failures) + dropped} background writes failed"
-            + (f" ({dropped} more not kept)" if dropped else ""),
-            [e if isinstance(e, Exception) else RuntimeError(repr(e)) for e in failures],
-        )
-        raise group
+    def unpin(self, keys: Sequence[StoreKey], /) -> None:
+        for key in keys:
+            names = self._pinned.get(key)
+            if names:
+                self.catalog.unpin(names.pop())
+                if not names:
+                    del self._pinned[key]
 
-    def shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            super().shutdown()
-            self.flush()
-        finally:
-            self._queue.put(None)
-            self._thread.join(timeout=60)
-            for name in list(self._open):
-                self._close(name)
+    def close(self) -> None:
+        with self._open_lock:
+            while self._open:
+                os.close(self._open.popitem()[1])
 
 
 def _continues(last: tuple[int, str, RecordHeader], index: int, name: str, record: RecordHeader) -> bool:
-    """Whether ``record`` (the move's ``index``-th block) can join a read run ending with ``last``:
-    the next row, the same pack, right after it."""
+    """Whether ``record`` (the ``index``-th key) can join a read run ending with ``last``: the next
+    key, the same pack, right after it."""
     last_index, last_name, last_record = last
     return (
         last_index + 1 == index and last_name == name
@@ -376,7 +196,7 @@ def _continues(last: tuple[int, str, RecordHeader], index: int, name: str, recor
     )
 
 
-class FileStoreConnector(PrefixStoreConnector):
+class FileStoreConnector(StoreConnector):
     """On-disk prefix cache for every KV-cache group (HMA-capable), in directory ``root``.
 
     ``spec`` describes the engine's KV cache; ``namespace`` separates models
@@ -426,20 +246,6 @@ class FileStoreConnector(PrefixStoreConnector):
         sweep_temporary_files(self.root)
         self.catalog: PackCatalog = PackCatalog(self.root, capacity_bytes)
         """The directory's packs, as this process sees them."""
-        self._index = FileIndex(self.catalog)
-        self._files = FileStoreWorker(spec, self.catalog, owner=name, write=write)
-        super().__init__(spec, self._index, self._files, namespace=namespace)
-
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], /) -> None:
-        super().register_kv_caches(kv_caches)
-        self._index.set_layout(self._files.fingerprints)  # this object is both sides: no need to wait
-
-    def request_finished_all_groups(
-        self, request: ComputedTokenRequest, block_ids: BlockIds, /
-    ) -> tuple[bool, KVTransferParams | None]:
-        """Save the request's computed full blocks not saved yet; hold them until they are gathered."""
-        return self._finish(request, block_ids, "request_finished_all_groups")
-
-    def flush(self) -> None:
-        """Wait until every started save is on disk; raise the write failures not raised yet, each once."""
-        self._files.flush()
+        self.files: FileBackend = FileBackend(self.catalog, owner=name, write=write)
+        """The backend: the directory's packs, read and written."""
+        super().__init__(spec, self.files, namespace=namespace, background=True)

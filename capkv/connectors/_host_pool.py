@@ -1,8 +1,9 @@
 """The scheduler side's map of a host block pool: slots, recency, pins.
 
-The pool itself (the memory) lives on the worker side; the scheduler decides
-which slot each block goes to and ships the decision in the connector
-metadata, so both sides agree without sharing state. A slot being written is
+The pool itself (the memory, :class:`~capkv.connectors._cpu_offload.HostPool`)
+lives on the worker side; the scheduler decides what it holds — which blocks
+are saved, which are evicted to make room — and ships the decisions in the
+connector metadata, so both sides agree without sharing state. A slot being written is
 *pending*: not loadable and not evictable until the worker reports the save
 over (stored: it becomes loadable; failed: the slot is free again). A slot being
 read by a load is *pinned*: not evictable until the step that loads it has run.
@@ -15,8 +16,8 @@ after it a little less, so the least recently used block — the victim — is t
 tail of the chain used longest ago. Blocks a request is using are protected
 until :meth:`HostPoolIndex.end_use`: a save never evicts a block of the prefix
 it extends (that would spend a slot to break the chain it is adding to).
-Free slots are handed out lowest first, so blocks saved together sit in
-consecutive slots and move in a few batched copies.
+The index counts slots (the pool's capacity); the pool memory places values
+in its own slots.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from capkv.connectors._keys import BlockKey
+from capkv.stores._keys import BlockKey
 
 __all__ = ["HostPoolIndex"]
 
@@ -33,8 +34,8 @@ class HostPoolIndex:
     """Slots of a ``capacity``-block host pool, keyed by :class:`BlockKey`."""
 
     __slots__ = (
-        "_clock", "_free", "_heap", "_pending", "_pins", "_protected", "_protected_keys", "_ready", "_stamps",
-        "capacity", "evictions",
+        "_clock", "_evicted", "_free", "_heap", "_pending", "_pins", "_protected", "_protected_keys", "_ready",
+        "_stamps", "capacity", "evictions",
     )
 
     def __init__(self, capacity: int) -> None:
@@ -55,6 +56,8 @@ class HostPoolIndex:
         """Their keys, built when an eviction first needs them."""
         self.evictions: int = 0
         """Blocks evicted so far."""
+        self._evicted: list[BlockKey] = []
+        """Evicted since :meth:`take_evicted`: the worker deletes them from the pool memory."""
 
     def __len__(self) -> int:
         return len(self._ready) + len(self._pending)
@@ -162,4 +165,10 @@ class HostPoolIndex:
         heapq.heappush(self._free, self._ready.pop(victim))
         del self._stamps[victim]
         self.evictions += 1
+        self._evicted.append(victim)
         return True
+
+    def take_evicted(self) -> list[BlockKey]:
+        """The blocks evicted since the last call (the worker side deletes them before its next saves)."""
+        evicted, self._evicted = self._evicted, []
+        return evicted

@@ -28,7 +28,7 @@ from pathlib import Path
 from capkv.connectors._block_file import HEADER_SIZE, PACK_SUFFIX, RecordHeader, scan_pack
 
 DEAD_SUFFIX = ".dead"
-from capkv.connectors._keys import BlockKey
+from capkv.stores._keys import BlockKey
 
 __all__ = ["DEAD_SUFFIX", "PackCatalog"]
 

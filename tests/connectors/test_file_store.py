@@ -26,17 +26,16 @@ from capkv.connectors import FileStoreConnector
 from capkv.connectors._block_file import (
     HEADER_SIZE,
     PackRecord,
-    ReadResult,
     RecordHeader,
-    block_checksums,
-    payload_checksum,
-    read_record,
+    read_values,
     scan_pack,
     sweep_temporary_files,
-    tensor_memory,
     write_pack,
 )
-from capkv.connectors._keys import BlockKey
+from capkv.stores import StoreKey
+from capkv.stores._checksum import payload_checksums
+from capkv.stores._keys import BlockKey
+from capkv.stores._value import ValueCheck, check_values, row_memory
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine
 from tests.paged import Group, empty_caches, make_spec
@@ -165,57 +164,37 @@ def test_a_corrupted_block_is_reported_never_copied_and_dropped(tmp_path: Path) 
     assert fresh.hit_tokens == 96 and fresh.load_errors == {}
 
 
-def _rows(payload: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-
-
-def test_pack_records_check_everything_in_their_header(tmp_path: Path) -> None:
-    key, other = BlockKey(1, b"k" * 16), BlockKey(1, b"o" * 16)
-    fingerprint = b"f" * 32
-    payload = _rows(bytes(range(256)) * 4)
-    memory = tensor_memory(payload)
-    name, (record,) = write_pack(tmp_path, [PackRecord(key, fingerprint, memory, payload_checksum(memory))])
-    assert list(scan_pack(tmp_path / name)) == [record]
-    into = torch.zeros(1024, dtype=torch.uint8)
+def test_a_pack_is_values_back_to_back_and_reads_them_back(tmp_path: Path) -> None:
+    """A pack adds nothing to the store's values: its records' headers are its index, a record read back
+    is the value as sealed, and the store's checks (tests/stores/test_value.py) see damage in it."""
+    keys = [BlockKey(1, b"k" * 16), BlockKey(0, b"o" * 16)]
+    layout = b"f" * 16
+    payloads = torch.arange(2 * 1024, dtype=torch.int64).remainder(251).to(torch.uint8).view(2, 1024)
+    sums = payload_checksums(payloads)
+    name, records = write_pack(
+        tmp_path, [PackRecord(k, layout, row_memory(payloads[i]), sums[i]) for i, k in enumerate(keys)]
+    )
+    assert list(scan_pack(tmp_path / name)) == records
+    assert [r.offset for r in records] == [0, HEADER_SIZE + 1024]
+    store_keys = [StoreKey(k, layout, HEADER_SIZE + 1024) for k in keys]
+    rows = torch.zeros((2, HEADER_SIZE + 1024), dtype=torch.uint8)
     descriptor = os.open(tmp_path / name, os.O_RDONLY)
     try:
-        assert read_record(descriptor, record, into) is ReadResult.OK and torch.equal(into, payload)
-        for wrong in (
-            dataclasses.replace(record, fingerprint=b"g" * 32),  # another layout
-            dataclasses.replace(record, key=other),  # another key at this offset
-            dataclasses.replace(record, crc=record.crc ^ 1),
-        ):
-            assert read_record(descriptor, wrong, into) is ReadResult.DAMAGED
-        shorter = torch.zeros(1000, dtype=torch.uint8)
-        assert read_record(descriptor, record, shorter) is ReadResult.DAMAGED  # another block size
+        counts = read_values(descriptor, records, [row_memory(rows[0]), row_memory(rows[1])])
     finally:
         os.close(descriptor)
-    with open(tmp_path / name, "r+b") as file:
-        file.seek(HEADER_SIZE + 7)
-        file.write(b"x")
+    assert counts == [HEADER_SIZE + 1024] * 2 and torch.equal(rows[:, HEADER_SIZE:], payloads)
+    assert check_values(rows, store_keys, counts) == [ValueCheck.OK, ValueCheck.OK]
+    with open(tmp_path / name, "r+b") as file:  # a pack cut in its second record
+        file.truncate(HEADER_SIZE + 1024 + HEADER_SIZE + 10)
+    assert list(scan_pack(tmp_path / name)) == records[:1]
     descriptor = os.open(tmp_path / name, os.O_RDONLY)
     try:
-        assert read_record(descriptor, record, into) is ReadResult.DAMAGED  # the checksum catches it
+        counts = read_values(descriptor, records, [row_memory(rows[0]), row_memory(rows[1])])
     finally:
         os.close(descriptor)
-
-
-def test_the_checksum_sees_every_bit_flip_and_moved_words() -> None:
-    generator = torch.Generator().manual_seed(1)
-    block = torch.randint(0, 256, (1, 4096), dtype=torch.uint8, generator=generator)
-    (base,) = block_checksums(block)
-    for bit in range(0, 4096 * 8, 97):
-        flipped = block.clone()
-        flipped[0, bit // 8] ^= 1 << (bit % 8)
-        assert block_checksums(flipped)[0] != base
-    words = block.view(torch.int64)
-    for i, j in ((0, 1), (0, 64), (3, 200), (100, 101), (5, 69)):
-        swapped = words.clone()
-        swapped[0, i], swapped[0, j] = words[0, j].item(), words[0, i].item()
-        assert block_checksums(swapped.view(torch.uint8))[0] != base
-    assert block_checksums(torch.zeros_like(block))[0] != base
-    odd = torch.randint(0, 256, (2, 1001), dtype=torch.uint8, generator=generator)  # not whole words
-    assert len(set(block_checksums(odd))) == 2
+    assert counts == [HEADER_SIZE + 1024, HEADER_SIZE + 10]
+    assert check_values(rows, store_keys, counts) == [ValueCheck.OK, ValueCheck.DAMAGED]
 
 
 def test_sweep_removes_only_dead_writers_temporary_files(tmp_path: Path) -> None:

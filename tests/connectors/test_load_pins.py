@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from capkv import KVConnectorOutput
 from capkv.connectors import CPUOffloadConnector, StoreMetadata
-from capkv.connectors._metadata import SaveReport
+from capkv.stores._metadata import SaveReport
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine, Req
 from tests.paged import Group, empty_caches, make_spec

@@ -9,9 +9,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capkv.connectors._hits import GroupGeometry, longest_hit
+from capkv.stores._hits import GroupGeometry, longest_hit
 from capkv.connectors._host_pool import HostPoolIndex
-from capkv.connectors._keys import BlockKey, PrefixHasher, RequestKeys
+from capkv.stores._keys import BlockKey, PrefixHasher, RequestKeys
 from tests.paged import Group, make_spec
 
 ROOT = Path(__file__).resolve().parents[2]

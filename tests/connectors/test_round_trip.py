@@ -8,7 +8,7 @@ import pytest
 
 from capkv import KVSpec, supports_hma
 from capkv.connectors import CPUOffloadConnector, FileStoreConnector
-from capkv.connectors._hits import GroupGeometry
+from capkv.stores._hits import GroupGeometry
 from tests.connectors.conftest import CONNECTORS, flush, tokens
 from tests.connectors.engine import MiniEngine
 from tests.paged import LAYOUTS, Group, make_spec

@@ -20,11 +20,11 @@ import pytest
 from capkv import KVConnectorOutput, KVSpec, MultiWorkerMetadata
 from capkv.cli._main import main
 from capkv.connectors import BlockKey, CPUOffloadConnector, FileStoreConnector, PrefixHasher
-from capkv.connectors._metadata import SaveReport
+from capkv.stores._metadata import SaveReport
 from capkv.connectors import _block_file as block_file
 from capkv.connectors._block_file import PackRecord, RecordHeader, write_pack
 from capkv.connectors._host_pool import HostPoolIndex
-from capkv.connectors._keys import RequestKeys
+from capkv.stores._keys import RequestKeys
 from capkv.errors import MetadataError
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine, Req, Run

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from capkv.connectors import RedisStoreConnector
-from capkv.connectors._keys import RequestKeys
+from capkv.stores._keys import RequestKeys
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine
 from tests.paged import Group, make_spec

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from capkv.connectors import RedisStoreConnector
-from capkv.connectors._redis_value import HEADER_SIZE, ValueCheck, check_value, pack_header
+from capkv.stores import StoreKey
+from capkv.stores._value import HEADER_SIZE, ValueCheck, check_value, pack_header
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine
 from tests.paged import Group, make_spec
@@ -31,7 +32,7 @@ def connector(server: RedisServer, spec: Any = None, **options: Any) -> RedisSto
 
 
 def fingerprint(engine: MiniEngine, group: int) -> bytes:
-    return bytes(engine.connector._redis_worker._fingerprints[group])
+    return bytes(engine.connector._store.fingerprints[group])
 
 
 def stored(server: RedisServer) -> MiniEngine:
@@ -164,10 +165,10 @@ def test_a_damaged_value_is_a_load_error_and_removed(redis_server: RedisServer) 
     redis_server.cli("setrange", name, str(HEADER_SIZE + 100), "X")  # same length: the lookup cannot tell
     run = engine.run("damaged", PROMPT + [1])
     assert run.hit_tokens == 96 and run.load_errors == {0: {run.blocks[0][1]}}
-    assert engine.connector._redis_worker.damaged_values == 1
+    assert engine.connector._store.damaged_values == 1
     # Removed, recomputed, and saved again: the value under the key is whole once more.
     engine.connector.flush()
-    assert check_value(_get(redis_server, name.encode()), key, fingerprint(engine, 0), 2048) is ValueCheck.OK
+    assert check_value(_get(redis_server, name.encode()), StoreKey(key, fingerprint(engine, 0), HEADER_SIZE + 2048)) is ValueCheck.OK
 
 
 def test_a_truncated_value_is_a_miss_at_lookup(redis_server: RedisServer) -> None:
@@ -189,11 +190,11 @@ def test_another_layouts_value_is_never_loaded_and_left_alone(redis_server: Redi
     key = _keys(engine, PROMPT, group=0)[0]
     name = engine.connector.key_name(key)
     payload = b"\x07" * (redis_server_strlen(redis_server, name) - HEADER_SIZE)
-    foreign = pack_header(key, b"F" * 16, payload) + payload
+    foreign = pack_header(key, b"F" * 16, len(payload), bytes(16)) + payload
     _set(redis_server, name, foreign)
     run = engine.run("foreign", PROMPT + [1])
     assert run.hit_tokens == 96 and run.load_errors == {0: {run.blocks[0][0]}}
-    assert engine.connector._redis_worker.foreign_values == 1
+    assert engine.connector._store.foreign_values == 1
     assert redis_server_strlen(redis_server, name) == len(foreign)  # someone else's: not deleted
 
 
@@ -203,14 +204,15 @@ def test_close_stops_the_writer_and_is_idempotent(redis_server: RedisServer) -> 
         engine.run("first", PROMPT)
     assert int(redis_server.cli("dbsize")) == 8  # close waited for the saves
     store.close()
-    assert store._redis_worker._threads == ()  # the writer threads were joined
+    writer = store._store._writer
+    assert writer is not None and writer._threads == ()  # the writer threads were joined
 
 
 # ---- helpers ------------------------------------------------------------------------------
 
 
 def _keys(engine: MiniEngine, prompt: list[int], *, group: int) -> list[Any]:
-    from capkv.connectors._keys import RequestKeys
+    from capkv.stores._keys import RequestKeys
 
     keys = RequestKeys(engine.connector._scheduler._hasher, prompt)
     return [keys.key(group, block, method="test") for block in range(len(prompt) // 16)]

@@ -1,9 +1,7 @@
-"""The value format: a block reads back only when key, layout, length and checksum all match."""
+"""Redis key names, the layout fingerprint, the package import, the options (the value format: tests/stores)."""
 
 from __future__ import annotations
 
-import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -11,81 +9,33 @@ from pathlib import Path
 import pytest
 
 from capkv.connectors._redis_store import RedisKeys
-from capkv.connectors._redis_value import HEADER_SIZE, ValueCheck, check_value, pack_header
-from capkv.connectors._keys import BlockKey
+from capkv.stores import StoreKey
+from capkv.stores._keys import BlockKey
 from tests.paged import Group, make_spec
 
 KEY = BlockKey(1, bytes(range(16)))
-LAYOUT = b"L" * 16
-PAYLOAD = os.urandom(4096)
 
 
-def value(key: BlockKey = KEY, layout: bytes = LAYOUT, payload: bytes = PAYLOAD) -> bytes:
-    return pack_header(key, layout, payload) + payload
-
-
-def test_the_header_is_64_bytes_and_a_value_reads_back() -> None:
-    assert HEADER_SIZE == 64
-    assert check_value(value(), KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.OK
-
-
-def test_absent_is_absent() -> None:
-    assert check_value(None, KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.ABSENT
-
-
-@pytest.mark.parametrize("offset", [0, 5, 10, 12, 20, 40, 56, 60, HEADER_SIZE, HEADER_SIZE + 1000, HEADER_SIZE + 4095])
-def test_any_flipped_byte_is_a_miss_and_damage_outside_the_layout_fields(offset: int) -> None:
-    damaged = bytearray(value())
-    damaged[offset] ^= 0x01
-    found = check_value(bytes(damaged), KEY, LAYOUT, len(PAYLOAD))
-    assert found is not ValueCheck.OK
-    if not 32 <= offset < 56:  # all but the layout fingerprint and the length
-        assert found is ValueCheck.DAMAGED
-
-
-@pytest.mark.parametrize("cut", [0, 1, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 1, HEADER_SIZE + 4095])
-def test_a_truncated_value_is_damage(cut: int) -> None:
-    assert check_value(value()[:cut], KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.DAMAGED
-
-
-def test_a_padded_value_is_damage() -> None:
-    assert check_value(value() + b"\0", KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.DAMAGED
-
-
-def test_another_keys_value_is_damage() -> None:
-    other = BlockKey(1, bytes(16))
-    assert check_value(value(key=other), KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.DAMAGED
-    assert check_value(value(key=BlockKey(0, KEY.digest)), KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.DAMAGED
-
-
-def test_another_layouts_value_is_foreign_never_loaded() -> None:
-    assert check_value(value(layout=b"M" * 16), KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.FOREIGN
-    assert check_value(value(payload=PAYLOAD[:2048]), KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.FOREIGN
-
-
-def test_another_format_version_is_foreign() -> None:
-    newer = bytearray(value())
-    struct.pack_into("<H", newer, 8, 2)
-    assert check_value(bytes(newer), KEY, LAYOUT, len(PAYLOAD)) is ValueCheck.FOREIGN
+def _key(layout: bytes, key: BlockKey = KEY) -> StoreKey:
+    return StoreKey(key, layout, 64 + 4096)
 
 
 def test_key_names_carry_namespace_layout_group_digest() -> None:
-    layouts = (b"\x01" * 16, b"\x02" * 16)
-    name = RedisKeys("llama-3", layouts)(KEY)
+    name = RedisKeys("llama-3")(_key(b"\x02" * 16))
     namespace, rest = name.decode().split(":", 2)[1:]
     layout, group, digest = rest.split(":")
     assert namespace == "llama-3" and layout == "02" * 8 and group == "g1" and digest == KEY.digest.hex()
-    assert RedisKeys("llama-3", (b"\x01" * 16, b"\x03" * 16))(KEY) != name  # another memory layout
-    assert RedisKeys("other", layouts)(KEY) != name
+    assert RedisKeys("llama-3")(_key(b"\x03" * 16)) != name  # another memory layout (or shard)
+    assert RedisKeys("other")(_key(b"\x02" * 16)) != name
 
 
 def test_a_namespace_cannot_pin_every_key_to_one_cluster_slot() -> None:
-    name = RedisKeys("a{b}:c", (b"\x01" * 16,))(BlockKey(0, KEY.digest))
+    name = RedisKeys("a{b}:c")(_key(b"\x01" * 16, BlockKey(0, KEY.digest)))
     assert b"{" not in name and b"}" not in name and name.startswith(b"capkv:a%7Bb%7D%3Ac:")
 
 
 def test_every_memory_layout_has_its_own_fingerprint() -> None:
-    from capkv.connectors._redis_store import layout_fingerprints
+    from capkv.stores._worker import layout_fingerprints
     from capkv.transfer import BlockCopier
     from tests.paged import LAYOUTS, empty_caches
 

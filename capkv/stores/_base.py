@@ -9,7 +9,7 @@ Flow, per engine step: ``get_num_new_matched_tokens`` offers the longest
 prefix every group can load; ``update_state_after_alloc`` plans the load into
 the allocated blocks; ``build_connector_meta`` ships the plan, and plans the
 saves of every block the step will fill (read from the scheduler output, see
-:mod:`capkv.connectors._step`); ``start_load_kv`` loads (synchronously on CPU,
+:mod:`capkv.stores._step`); ``start_load_kv`` loads (synchronously on CPU,
 stream-ordered on CUDA: the load is never asynchronous to the engine) and
 starts saves planned by ``request_finished_all_groups``; ``wait_for_save``
 starts the saves of the blocks the forward pass just filled (the engine's
@@ -20,8 +20,8 @@ which saves landed in the store (or failed), and ``update_connector_output``
 hands that to the scheduler side.
 
 The seam for a new store (the host pool, files, Redis): a
-:class:`~capkv.connectors._scheduler.StoreIndex` (what the scheduler side knows
-of the store's contents) and a :class:`~capkv.connectors._worker.StoreWorker`
+:class:`~capkv.stores._scheduler.StoreIndex` (what the scheduler side knows
+of the store's contents) and a :class:`~capkv.stores._worker.StoreWorker`
 subclass (how one :class:`BlockMove` is loaded and saved); both kinds of save
 arrive through the same ``StoreWorker._save``.
 """
@@ -30,15 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from typing_extensions import Self
 
-from capkv.connectors._keys import PrefixHasher
-from capkv.connectors._metadata import SaveReport, StoreMetadata
-from capkv.connectors._scheduler import StoreIndex, StoreScheduler
-from capkv.connectors._worker import StoreWorker
+from capkv.stores._keys import PrefixHasher
+from capkv.stores._metadata import SaveReport, StoreMetadata
+from capkv.stores._scheduler import StoreIndex, StoreScheduler
+from capkv.stores._worker import StoreWorker
 from capkv.contracts._arguments import require_instance
 from capkv.contracts._base import KVConnectorBase
 from capkv.contracts._class_level import class_level
@@ -55,6 +54,9 @@ from capkv.contracts._engine import (
 )
 from capkv.contracts._spec import KVSpec
 from capkv.errors import CapabilityError, ConfigError, MetadataError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PrefixStoreConnector", "require_store_spec"]
 
@@ -205,14 +207,20 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
             counts["hit_tokens"] = hit_tokens
         return counts or None
 
+    def flush(self) -> None:
+        """Wait until every started save is over (stored, or failed and counted); raise the
+        background failures not raised yet, each once."""
+        self._worker.flush()
+
     def shutdown(self) -> None:
         self._worker.shutdown()
 
     # ---- a resource --------------------------------------------------------------------
 
     def close(self) -> None:
-        """Let every started save complete and release what the store holds (threads, files);
-        the same as ``shutdown``, by the name resources use."""
+        """Let every started save complete and release what the store holds (threads, files,
+        connections), raising the background failures not raised yet; the same as ``shutdown``,
+        by the name resources use."""
         self.shutdown()
 
     def __enter__(self) -> Self:

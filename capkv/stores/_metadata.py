@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from capkv.connectors._keys import BlockKey
+from capkv.stores._keys import BlockKey
 from capkv.errors import MetadataError
 
 __all__ = ["BlockMove", "SaveReport", "StoreMetadata"]
@@ -49,6 +49,9 @@ class StoreMetadata:
     step_saves: tuple[BlockMove, ...] = ()
     """Engine -> store, started in ``wait_for_save``: the blocks this step's forward pass filled,
     read before the engine can free or reuse them (the engine's stream is ordered after the copy)."""
+    evicted: tuple[BlockKey, ...] = ()
+    """Blocks the scheduler side evicted to make room (a store whose contents it decides, the host
+    pool): deleted before this step's saves are written."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ inside one object. A key is planned for saving at most once: from the plan
 until the report it is held (never planned again) but not loadable.
 
 Saves follow computation: each step, :meth:`StoreScheduler.build` reads the
-scheduler output (:mod:`capkv.connectors._step`) and plans the save of every
+scheduler output (:mod:`capkv.stores._step`) and plans the save of every
 block the step fills — every group, in token order — as ``step_saves``, which
 the worker runs in ``wait_for_save``, after the forward pass wrote them and
 before the engine can free or reuse them. So a sliding-window block is stored
@@ -33,17 +33,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from capkv.connectors._hits import GroupGeometry, longest_hit
-from capkv.connectors._keys import BlockKey, PrefixHasher, RequestKeys
-from capkv.connectors._metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.connectors._step import scheduled_blocks
+from capkv.stores._hits import GroupGeometry, longest_hit
+from capkv.stores._keys import BlockKey, PrefixHasher, RequestKeys
+from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
+from capkv.stores._step import scheduled_blocks
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVConnectorOutput, TokenRequest
 from capkv.contracts._spec import KVSpec
 from capkv.contracts._token_requests import check_token_request
 from capkv.contracts._block_ids import check_block_groups
 from capkv.errors import ContractError, MetadataError
 
-__all__ = ["BatchedStoreIndex", "ChainAwareIndex", "LayoutAwareIndex", "StoreIndex", "StoreScheduler"]
+__all__ = ["BatchedStoreIndex", "ChainAwareIndex", "EvictingIndex", "LayoutAwareIndex", "StoreIndex", "StoreScheduler"]
 
 
 @runtime_checkable
@@ -140,6 +140,16 @@ class LayoutAwareIndex(Protocol):
 
     def set_layout(self, fingerprints: tuple[bytes, ...], /) -> None:
         """The worker's layout fingerprint per group."""
+        ...
+
+
+@runtime_checkable
+class EvictingIndex(Protocol):
+    """An index that decides what its store evicts (the host pool, whose memory is the worker's): the
+    evicted blocks travel in the next metadata (``StoreMetadata.evicted``), for the worker to delete."""
+
+    def take_evicted(self) -> list[BlockKey]:
+        """The blocks evicted since the last call."""
         ...
 
 
@@ -419,8 +429,10 @@ class StoreScheduler:
                     self._step_saves, method,
                 )
         self._step += 1
+        evicted = tuple(self._index.take_evicted()) if isinstance(self._index, EvictingIndex) else ()
         metadata = StoreMetadata(
-            tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step, tuple(self._step_saves)
+            tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step, tuple(self._step_saves),
+            evicted,
         )
         if self._pinned:
             self._pinned_by_step[self._step] = self._pinned

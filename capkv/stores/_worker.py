@@ -1,0 +1,356 @@
+"""The worker side of a store: run the metadata's loads and saves against a backend.
+
+Loads run first, in ``start_load_kv``: every block the step loads is read from
+the backend in one batch (straight into host rows when the backend can, see
+:class:`~capkv.stores._backend.ReadsInto`), checked (:func:`check_values`: the
+value must be this key's, of this layout and shard, whole, with a matching
+checksum) and scattered into the engine's blocks; the engine's stream is
+ordered after them before any layer computes. A damaged value is deleted from
+the backend (nobody can use it) and, like a missing one, is a load error of its
+group; a value of another layout or format is left alone.
+
+Saves gather the engine's blocks into host rows (header space first) and hand
+them to the :class:`~capkv.stores._writer.Writer`, which seals and puts them.
+Saves of finished requests (whose blocks the engine holds) start in
+``start_load_kv``; a request is reported in ``get_finished``'s sending set once
+every copy out of its blocks has completed, and only then may the engine free
+them. Saves of the blocks a step filled start in ``wait_for_save``, after the
+forward pass; the engine's stream is ordered after their copies (on CPU they
+are done on return), so no request is held for them. A request whose load
+failed this step saves nothing this step (its later blocks were computed on KV
+it never got); those keys are reported failed, so they can be saved once
+recomputed. Each save's outcome, stored or failed, goes back to the scheduler
+side in the worker metadata (:class:`~capkv.stores._metadata.SaveReport`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, cast
+
+from capkv.contracts._engine import LoadErrors
+from capkv.contracts._spec import KVSpec
+from capkv.errors import ConfigError, ContractError
+from capkv.stores._backend import Backend, ReadsInto, StoreKey
+from capkv.stores._keys import BlockKey
+from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
+from capkv.stores._value import HEADER_SIZE, LAYOUT_SIZE, ValueCheck, check_values, row_memory
+from capkv.stores._writer import DEFAULT_BATCH_BYTES, SaveJob, Writer
+
+if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
+    import torch
+
+    import capkv.transfer._copier
+    import capkv.transfer._handle
+
+__all__ = ["StoreWorker", "layout_fingerprints", "raise_failures"]
+
+
+def layout_fingerprints(spec: KVSpec, copier: capkv.transfer._copier.BlockCopier) -> tuple[bytes, ...]:
+    """Per group, what fixes the meaning of a stored block's bytes: the dtype and the order and
+    sizes of the block's runs in the registered KV cache."""
+    return tuple(
+        hashlib.blake2b(repr(("capkv.layout.v2", str(spec.dtype), group.signature)).encode(), digest_size=LAYOUT_SIZE).digest()
+        for group in copier.layout.groups
+    )
+
+
+def raise_failures(owner: str, failures: list[BaseException], dropped: int, *, reads: int = 0) -> None:
+    """Raise kept failures (the first ``reads`` of them from loads, the rest background writes): one as
+    it is, several as an ``ExceptionGroup``."""
+    if not failures:
+        return
+    if len(failures) == 1 and not dropped:
+        raise failures[0]
+    writes = len(failures) - reads + dropped
+    what = " and ".join(
+        part for part in (f"{reads} reads" if reads else "", f"{writes} background writes" if writes else "") if part
+    )
+    raise ExceptionGroup(
+        f"{owner}: {what} failed" + (f" ({dropped} more not kept)" if dropped else ""),
+        [e if isinstance(e, Exception) else RuntimeError(repr(e)) for e in failures],
+    )
+
+
+class StoreWorker:
+    """Loads and saves of one store's worker side, over ``backend``.
+
+    ``background``: whether saves are written on the writer's threads (``None``:
+    only when the KV cache is on CUDA, where waiting for a copy would stall the
+    step; a backend whose ``put`` is slow — files, a network — wants ``True``).
+    """
+
+    def __init__(
+        self,
+        spec: KVSpec,
+        backend: Backend,
+        *,
+        owner: str,
+        background: bool | None = True,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+    ) -> None:
+        self._spec = spec
+        self._backend = backend
+        self._owner = owner
+        self._background = background
+        self._batch_bytes = batch_bytes
+        self._copier = cast("capkv.transfer._copier.BlockCopier | None", None)
+        self._writer: Writer | None = None
+        self._layouts: tuple[bytes, ...] = ()
+        self._sizes: tuple[int, ...] = ()
+        self._sending = cast("dict[str, list[capkv.transfer._handle.CopyHandle]]", {})
+        self._landing: list[tuple[BlockMove, SaveJob]] = []
+        self._stored: set[BlockKey] = set()
+        self._failed: set[BlockKey] = set()
+        self._errors: LoadErrors = {}
+        self._counts: Counter[str] = Counter()
+        self._loaded_through: int | None = None
+        """The last step whose loads ran, until reported."""
+        self._load_failed: set[str] = set()
+        """Requests whose load failed in the step being run."""
+        self._layout_news: tuple[bytes, ...] | None = None
+        """The layout fingerprint per group, not yet reported (see ``SaveReport.layout``)."""
+        self._read_failures: list[BaseException] = []
+        self._closed = False
+        self.damaged_values: int = 0
+        """Values that failed their checks at load time (deleted from the backend)."""
+        self.foreign_values: int = 0
+        """Values of another layout or format version found under this layout's keys (left alone)."""
+
+    # ---- the KV cache ----------------------------------------------------------------------
+
+    def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        from capkv.transfer._copier import BlockCopier  # noqa: PLC0415 (torch loads with the KV cache)
+
+        copier = BlockCopier(self._spec, kv_caches, owner=self._owner)
+        layouts = layout_fingerprints(self._spec, copier)
+        self._sizes = tuple(HEADER_SIZE + copier.block_nbytes(g) for g in range(self._spec.num_groups))
+        self._copier, self._layouts = copier, layouts
+        self._layout_news = layouts
+        if self._writer is None:
+            background = copier.device.type == "cuda" if self._background is None else self._background
+            self._writer = Writer(
+                self._backend.put, self._backend.delete, owner=self._owner, background=background,
+                batch_bytes=self._batch_bytes,
+            )
+        self._attached(copier)
+
+    def _attached(self, copier: capkv.transfer._copier.BlockCopier) -> None:
+        """The engine registered its KV cache (a store sizes its memory here)."""
+
+    @property
+    def fingerprints(self) -> tuple[bytes, ...]:
+        """The registered KV cache's layout fingerprint per group (empty before ``register_kv_caches``)."""
+        return self._layouts
+
+    @property
+    def value_sizes(self) -> tuple[int, ...]:
+        """Per group, the length of a stored value (header and block; empty before ``register_kv_caches``)."""
+        return self._sizes
+
+    def copier(self, method: str) -> capkv.transfer._copier.BlockCopier:
+        if self._copier is None:
+            raise ConfigError(
+                f"{self._owner}.{method}: register_kv_caches has not been called; there is no KV cache to copy",
+                connector=self._owner, method=method,
+            )
+        return self._copier
+
+    def _writer_for(self, method: str) -> Writer:
+        self.copier(method)
+        if self._writer is None:  # made with the copier
+            raise ConfigError(f"{self._owner}.{method}: no writer", connector=self._owner, method=method)
+        return self._writer
+
+    def store_key(self, key: BlockKey) -> StoreKey:
+        """``key``'s physical key in this worker's layout (after ``register_kv_caches``)."""
+        return StoreKey(key, self._layouts[key.group], self._sizes[key.group])
+
+    # ---- loads -------------------------------------------------------------------------------
+
+    def load(self, metadata: StoreMetadata) -> None:
+        """Run the step's loads in one batch and order the engine's stream after them."""
+        for group, block_id in metadata.unavailable:
+            self._errors.setdefault(group, set()).add(block_id)
+        self._load_failed = set()
+        if metadata.loads:
+            copier = self.copier("start_load_kv")
+            moves = [
+                (move, [self.store_key(k) for k in move.keys], copier.host_rows(len(move.keys), self._sizes[move.group]))
+                for move in metadata.loads
+            ]
+            keys = [key for _, move_keys, _ in moves for key in move_keys]
+            buffers = [row_memory(rows[i]) for _, move_keys, rows in moves for i in range(len(move_keys))]
+            lengths = iter(self._read(keys, buffers))
+            handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
+            damaged: list[StoreKey] = []
+            for move, move_keys, rows in moves:
+                results = check_values(rows, move_keys, [next(lengths) for _ in move_keys])
+                good = [i for i, result in enumerate(results) if result is ValueCheck.OK]
+                failed = {move.block_ids[i] for i, result in enumerate(results) if result is not ValueCheck.OK}
+                damaged += (move_keys[i] for i, result in enumerate(results) if result is ValueCheck.DAMAGED)
+                self.damaged_values += results.count(ValueCheck.DAMAGED)
+                self.foreign_values += results.count(ValueCheck.FOREIGN)
+                if good:
+                    payloads = (rows if len(good) == len(results) else rows[good])[:, HEADER_SIZE:]
+                    handles.append(copier.scatter(move.group, [move.block_ids[i] for i in good], payloads))
+                if failed:
+                    self._errors.setdefault(move.group, set()).update(failed)
+                    self._load_failed.add(move.request_id)
+                nbytes = self._sizes[move.group] - HEADER_SIZE
+                self._counts["loaded_blocks"] += len(good)
+                self._counts["loaded_bytes"] += len(good) * nbytes
+                self._counts["failed_blocks"] += len(failed)
+            if damaged:
+                self._forget_damaged(damaged)
+            for handle in handles:
+                handle.stream_wait()
+        self._loaded_through = metadata.step  # stream-ordered: the engine reads them after this
+
+    def _read(self, keys: list[StoreKey], buffers: list[memoryview]) -> list[int | None]:
+        """Per key, how many bytes of its value are in its buffer (``None``: a miss); a backend that
+        raises fails the whole read (its error is raised by ``flush``)."""
+        try:
+            if isinstance(self._backend, ReadsInto):
+                lengths = list(self._backend.get_into(keys, buffers))
+                _check_answers(self._owner, "get_into", lengths, keys)
+                return [length if type(length) is int else None for length in lengths]
+            values = list(self._backend.get(keys))
+            _check_answers(self._owner, "get", values, keys)
+            read: list[int | None] = []
+            for value, buffer in zip(values, buffers, strict=True):
+                if value is None:
+                    read.append(None)
+                    continue
+                data = memoryview(value).cast("B")
+                count = min(len(data), len(buffer))
+                buffer[:count] = data[:count]
+                read.append(len(data))
+            return read
+        except Exception as error:  # noqa: BLE001 (a backend fault is this step's load error, not the engine's end)
+            error.__traceback__ = None
+            self._read_failures.append(error)
+            return [None] * len(keys)
+
+    def _forget_damaged(self, keys: list[StoreKey]) -> None:
+        try:
+            self._backend.delete(keys)
+        except Exception as error:  # noqa: BLE001 (it is found damaged again next time)
+            error.__traceback__ = None
+            self._read_failures.append(error)
+
+    # ---- saves -------------------------------------------------------------------------------
+
+    def save(self, metadata: StoreMetadata) -> None:
+        """Start the step's finished-request saves (and its evictions, ordered before them); their
+        requests are reported by :meth:`finished`."""
+        if metadata.evicted:
+            self._writer_for("start_load_kv").delete([self.store_key(key) for key in metadata.evicted])
+        for move in metadata.saves:
+            job = self._start_save(move, "start_load_kv")
+            self._sending.setdefault(move.request_id, []).append(job.copied)
+
+    def save_computed(self, metadata: StoreMetadata) -> None:
+        """Start saving the blocks this step filled; order the engine's stream after the copies."""
+        for move in metadata.step_saves:
+            if move.request_id in self._load_failed:
+                self._failed.update(move.keys)  # computed on a failed load: not stored, saveable again
+                continue
+            self._start_save(move, "wait_for_save").copied.stream_wait()
+
+    def _start_save(self, move: BlockMove, method: str) -> SaveJob:
+        copier = self.copier(method)
+        writer = self._writer_for(method)
+        rows = copier.host_rows(len(move.block_ids), self._sizes[move.group])
+        copied = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:])
+        job = SaveJob([self.store_key(key) for key in move.keys], rows, copied)
+        self._landing.append((move, job))
+        writer.submit(job)
+        self._counts["saved_blocks"] += len(move.block_ids)
+        self._counts["saved_bytes"] += len(move.block_ids) * (self._sizes[move.group] - HEADER_SIZE)
+        return job
+
+    def finished(self) -> set[str] | None:
+        """Requests whose every save has read its blocks (they may be freed now)."""
+        done = {rid for rid, handles in self._sending.items() if all(h.done() for h in handles)}
+        for request_id in done:
+            del self._sending[request_id]
+        return done or None
+
+    # ---- reports -----------------------------------------------------------------------------
+
+    def report(self) -> SaveReport | None:
+        """The saves that ended since the last call, stored or failed, and the last step whose loads
+        ran (``None`` when there is no news)."""
+        self._settle(wait=False)
+        if not self._stored and not self._failed and self._loaded_through is None and self._layout_news is None:
+            return None
+        report = SaveReport(frozenset(self._stored), frozenset(self._failed), self._loaded_through, self._layout_news)
+        self._stored, self._failed, self._loaded_through, self._layout_news = set(), set(), None, None
+        return report
+
+    def _settle(self, *, wait: bool) -> None:
+        """Move the saves that are over (every save, waiting, when ``wait``) into the next report."""
+        landing: list[tuple[BlockMove, SaveJob]] = []
+        for move, job in self._landing:
+            if not (wait or job.landing.done()):
+                landing.append((move, job))
+                continue
+            failed = set(job.landing.result())
+            self._failed |= failed
+            self._stored.update(key for key in move.keys if key not in failed)
+            self._counts["failed_save_blocks"] += len(failed)
+        self._landing = landing
+
+    def take_counts(self) -> dict[str, int]:
+        """Blocks and bytes loaded, saved and failed since the last call (non-zero counters only)."""
+        counts, self._counts = dict(+self._counts), Counter()
+        return counts
+
+    def take_load_errors(self) -> LoadErrors:
+        """Blocks that could not be loaded since the last call, per group."""
+        errors, self._errors = self._errors, {}
+        return errors
+
+    # ---- draining ------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Wait until every started save is over; raise the failures since the last call, each once."""
+        if self._writer is not None:
+            self._writer.wait()
+        self._settle(wait=True)
+        self._raise_failures()
+
+    def _raise_failures(self) -> None:
+        failures, dropped = self._writer.take_failures() if self._writer is not None else ([], 0)
+        reads, self._read_failures = self._read_failures, []
+        raise_failures(self._owner, reads + failures, dropped, reads=len(reads))
+
+    def shutdown(self) -> None:
+        """Let every started save complete, stop the writer, close the backend; raise the failures
+        not raised yet. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for handles in self._sending.values():
+                for handle in handles:
+                    handle.wait()
+            if self._writer is not None:
+                self._writer.close()
+            self._settle(wait=True)
+        finally:
+            try:
+                self._backend.close()
+            finally:
+                self._raise_failures()
+
+
+def _check_answers(owner: str, method: str, answers: Sequence[object], keys: Sequence[StoreKey]) -> None:
+    if len(answers) != len(keys):
+        raise ContractError(
+            f"{owner}: the backend's {method} answered {len(answers)} results for {len(keys)} keys",
+            connector=owner, method=method, value=len(answers),
+        )

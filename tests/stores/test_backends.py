@@ -1,0 +1,90 @@
+"""The backend contract: any backend under StoreConnector serves; what a backend is unsure of is a miss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from capkv import CapkvError, KVSpec
+from capkv.stores import Backend, MemoryBackend, StoreConnector, StoreKey
+from capkv.testing import assert_conformant
+from tests.connectors.conftest import tokens
+from tests.connectors.engine import MiniEngine
+from tests.paged import Group, make_spec
+
+WINDOWED = [Group(16), Group(16, window=32)]
+PROMPT = tokens(30, 100)
+
+
+def test_the_memory_backend_conforms() -> None:
+    report = assert_conformant(lambda spec: StoreConnector(spec, MemoryBackend()), before_warm=StoreConnector.flush)
+    assert all(min(r.warm_loaded_tokens) > 0 for r in report.results)
+
+
+def test_the_memory_backend_is_a_backend() -> None:
+    assert isinstance(MemoryBackend(), Backend)
+
+
+class Liar(MemoryBackend):
+    """Says it holds values it does not (or returns another key's value)."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.lying = False
+
+    def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
+        return [True] * len(keys) if self.lying else super().contains(keys)
+
+    def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
+        if self.lying and self.mode == "other key":
+            anything = next(iter(self.values.values()))
+            return [anything] * len(keys)
+        return super().get(keys)
+
+
+@pytest.mark.parametrize("mode", ["absent", "other key"])
+def test_a_backend_that_claims_what_it_lacks_gives_load_errors_never_wrong_kv(mode: str) -> None:
+    spec = make_spec(WINDOWED, num_blocks=64)
+    backend = Liar(mode)
+    engine = MiniEngine(spec, StoreConnector(spec, backend))  # the engine checks every loaded block bit for bit
+    engine.run("seed", tokens(7, 40))
+    engine.connector.flush()
+    backend.lying = True
+    run = engine.run("lied-to", PROMPT)
+    assert run.hit_tokens == 96 and run.loaded == {}
+    assert sum(len(ids) for ids in run.load_errors.values()) == 8
+    if mode == "other key":
+        assert engine.connector._store.damaged_values == 8
+
+
+def test_a_backend_whose_reads_raise_gives_load_errors_and_flush_raises_once() -> None:
+    spec = make_spec(WINDOWED, num_blocks=64)
+
+    class Broken(MemoryBackend):
+        broken = False
+
+        def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
+            if self.broken:
+                raise ConnectionError("backend down")
+            return super().get(keys)
+
+    backend = Broken()
+    engine = MiniEngine(spec, StoreConnector(spec, backend))
+    engine.run("first", PROMPT)
+    engine.connector.flush()
+    backend.broken = True
+    run = engine.run("second", PROMPT + [1])
+    assert run.hit_tokens == 96 and sum(len(ids) for ids in run.load_errors.values()) == 8
+    with pytest.raises(ConnectionError):
+        engine.connector.flush()
+    engine.connector.flush()
+
+
+@pytest.mark.parametrize("backend", [object(), {"contains": 1}, MemoryBackend], ids=["object", "dict", "the class"])
+def test_what_is_not_a_backend_is_refused_by_name(backend: object) -> None:
+    spec: KVSpec = make_spec(WINDOWED, num_blocks=64)
+    with pytest.raises(CapkvError, match="backend") as caught:  # production: ArgumentError; dev mode: the type contract
+        StoreConnector(spec, backend)  # type: ignore[arg-type]
+    assert "StoreConnector" in str(caught.value)
