@@ -22,6 +22,7 @@ __all__ = ["SchedulerSide"]
 
 
 _set = object.__setattr__
+_ZERO = 0
 _NO_HIT: tuple[int | None, bool] = (0, False)
 _ASK_AGAIN: tuple[int | None, bool] = (None, False)
 _HIT = "(tokens, load_async) with tokens a non-negative int, or None to be asked again"
@@ -74,9 +75,11 @@ class SchedulerSide(FinishRoutine, StackState):
                 tokens, load_async = answer
             except (TypeError, ValueError):
                 tokens = load_async = UNSET
-            if tokens == 0 and type(tokens) is int:  # the common answer, first
+            if tokens is _ZERO:  # the common answer, first (an int 0: CPython keeps one; False is not it)
                 continue
-            if type(tokens) is int and tokens > 0:
+            if type(tokens) is int and tokens >= 0:
+                if not tokens:
+                    continue
                 if open_ and asked == start:
                     bad = self._bad_slice(index, request, asked, tokens, answer, num_computed_tokens)
                     if bad is not None:
