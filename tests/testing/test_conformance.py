@@ -68,6 +68,11 @@ def test_a_connector_claiming_slices_it_does_not_load_fails() -> None:
     assert failure.startswith("the warm run loaded nothing through the connector behind a front tier"), failure
 
 
+def test_a_connector_that_writes_the_null_block_fails() -> None:
+    (failure,) = _failures(broken.WritesNullBlocks, layouts=[TWO_GROUPS], stacks=False)
+    assert "wrote into the null block (block 0, group 1" in failure, failure
+
+
 def test_report_says_what_loaded_per_group() -> None:
     report = check_connector(lambda spec: CPUOffloadConnector(spec, capacity_blocks=2048), layouts=[TWO_GROUPS], stacks=False)
     (result,) = report.results
