@@ -23,6 +23,7 @@ from capkv import (
 from capkv.composite import Drop
 from capkv.errors import ArgumentError
 from tests.fakes import HMA, Req
+from tests.test_multi_connector import step
 
 R = Req("r1")
 
@@ -72,11 +73,6 @@ def foreign(child: HMA) -> list[tuple[int, int, bool]]:
     return [(call[1][1], call[1][2], call[1][3]) for call in child.calls if call[0] == "loaded_elsewhere"]
 
 
-def step(stack: MultiConnector, finished: set[str] | None = None) -> tuple[set[str] | None, set[str] | None]:  # type: ignore[type-arg]
-    stack.bind_connector_metadata(stack.build_connector_meta(None))
-    result = stack.get_finished(finished or set())
-    stack.clear_connector_metadata()
-    return result
 
 
 # ---- composed hits --------------------------------------------------------------------
