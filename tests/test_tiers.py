@@ -336,3 +336,19 @@ def test_a_step_without_loads_asks_nobody_early() -> None:
     stack.clear_connector_metadata()
     assert "loads_failed" not in a.methods() and "loads_failed" not in b.methods()
     assert stack.get_block_ids_with_load_errors() == {0: {3}}
+
+
+def test_two_pending_loads_of_one_request_id_are_each_reported() -> None:
+    """An aborted request's load still pending when its id is reused and loaded again: one report per load
+    (the first-hit rule alone, no slices: the numbering is what tells the loads apart)."""
+    a, b = HMA("a", hit=32, load_async=True), HMA("b")
+    stack = MultiConnector(a, b)
+    for _ in range(2):
+        assert stack.get_num_new_matched_tokens(R, 0) == (32, True)
+        stack.update_state_after_alloc(R, ([1],), 32)
+    a.finished = (None, {"r1"})
+    assert step(stack) == (None, {"r1"}), "the first load"
+    a.finished = (None, {"r1"})
+    assert step(stack) == (None, {"r1"}), "the second load is reported too, not dropped"
+    a.finished = (None, {"r1"})
+    assert step(stack) == (None, None), "a third report has no load left"
