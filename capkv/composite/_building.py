@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from capkv.capabilities._facts import StaticFact
 from capkv.capabilities._hma import StackNode, describe, explain_not_hma, non_hma_children, supports_hma
 from capkv.composite._agreement import child_label
+from capkv.composite._options import STACK_OPTIONS
 from capkv.composite._runtime import StackRuntime
 from capkv.contracts._connector import KVConnector, missing_members
 from capkv.errors import ArgumentError, CapabilityError, ConfigError
@@ -42,7 +43,7 @@ def build_stack(cls: type[Any], children: tuple[object, ...], init_kwargs: dict[
             f"{name}(promote={promote!r}): expected a bool", parameter="promote", value=promote,
             connector=name, method="__new__",
         )
-    unknown = sorted(set(init_kwargs) - {"promote"})
+    unknown = sorted(set(init_kwargs) - set(STACK_OPTIONS))
     if unknown and cls.__init__ is object.__init__:
         raise ConfigError(
             f"{name}() takes sub-connectors and promote= only, got keyword arguments {unknown}; a subclass "

@@ -26,18 +26,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from capkv.composite._options import STACK_OPTIONS
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 from capkv.config._options import ConnectorOptions, declared_options
 from capkv.contracts._spec import KVSpec
 from capkv.errors import CapkvError, ConfigError
 
 __all__ = [
-    "FACTORY_HOOK", "STACK_OPTIONS", "BuildContext", "ConnectorFactory", "build_connector", "build_composite",
+    "FACTORY_HOOK", "BuildContext", "ConnectorFactory", "build_connector", "build_composite",
     "build_stack", "call_user_code",
 ]
 
-STACK_OPTIONS = ("promote",)
-"""A composite's own options, read from its ``kv_connector_extra_config`` beside ``connectors``."""
 
 FACTORY_HOOK = "from_extra_config"
 """Name of the optional classmethod that builds a connector from its extra config."""
