@@ -6,6 +6,10 @@ other than modules). Prints the module count, the names summed over modules
 (``capkv.KVSpec`` and ``capkv.contracts.KVSpec`` count twice: both are API a
 refactor must keep), and the distinct objects behind them.
 
+Modules kept only for compatibility (capkv 0.1.0's, which warn on every name:
+they set ``__deprecated__``) are counted apart, with the deprecated names the
+fronts and those modules still serve (``capkv._deprecations``).
+
 Run from a checkout: ``python benchmarks/public_surface.py [ROOT]`` (ROOT: the
 directory holding ``capkv/``, default this checkout — point it at an export of
 another commit to compare).
@@ -43,19 +47,32 @@ def main() -> None:
     names = 0
     objects: set[int] = set()
     failed: list[str] = []
+    deprecated_modules: list[str] = []
     for name in public:
         try:
             module = importlib.import_module(name)
         except ImportError as exc:  # an optional dependency (vllm, redis) absent here
             failed.append(f"{name} ({exc})")
             continue
+        if hasattr(module, "__deprecated__"):
+            deprecated_modules.append(name)
+            continue
         exported = public_names(module)
         names += len(exported)
         objects.update(id(getattr(module, n)) for n in exported)
     print(f"capkv at {root}")
-    print(f"  importable modules: {len(modules)}, public: {len(public)}")
+    print(f"  importable modules: {len(modules)}, public: {len(public) - len(deprecated_modules)}", end="")
+    print(f" (+ {len(deprecated_modules)} deprecated, kept for compatibility)" if deprecated_modules else "")
     print(f"  public names (summed over public modules): {names}")
     print(f"  distinct public objects: {len(objects)}")
+    try:
+        table = importlib.import_module("capkv._deprecations")
+    except ImportError:
+        pass
+    else:
+        served = sum(len(n) for n in table.DEPRECATED.values())
+        removed = sum(len(n) for n in table.REMOVED.values())
+        print(f"  deprecated names still served (with a DeprecationWarning): {served}; removed names explained: {removed}")
     for line in failed:
         print(f"  not importable here: {line}")
 

@@ -7,14 +7,16 @@ let :func:`check_stack` and :func:`finish_request` refuse what a stack cannot se
 In dev mode (``CAPKV_DEV=1`` or ``python -X dev``), :func:`capkv.devmode.instrument`
 checks every transfer call against the engine's :class:`KVSpec`.
 
-Importing capkv imports nothing else: each name loads its module (and torch,
+Importing capkv loads no implementation: each name loads its module (and torch,
 where that needs it) when first used. In dev mode the first name used also puts
-capkv under beartype.
+capkv under beartype. ``capkv.__version__`` is the release; names that moved in a
+release keep working, with a ``DeprecationWarning`` naming their new home, for at
+least one more minor release (``CHANGELOG.md``).
 """
 
 from typing import TYPE_CHECKING
 
-from capkv._lazy import attach
+from capkv._lazy import attach, before_loading
 from capkv._version import __version__
 
 if TYPE_CHECKING:
@@ -52,6 +54,16 @@ if TYPE_CHECKING:
         MetadataError,
         SubConnectorError,
     )
+
+    # Deprecated (capkv._deprecations): names that left this front; each read warns with its new home.
+    from typing_extensions import deprecated
+
+    from capkv._deprecations import signature_of
+    from capkv.devmode import _instrument
+
+    @deprecated("capkv.instrument is deprecated (capkv 0.2.0, removed in 0.3.0): use capkv.devmode.instrument")
+    @signature_of(_instrument.instrument)
+    def instrument() -> None: ...
 
 __all__ = [
     "ArgumentError",
@@ -97,6 +109,17 @@ __all__ = [
     "supports_hma",
 ]
 
+
+
+def _types_checked_in_dev_mode() -> None:
+    """In dev mode, capkv goes under beartype before a front loads its first implementation module."""
+    from capkv.devmode._mode import check_capkv_types
+
+    check_capkv_types()
+
+
+before_loading(_types_checked_in_dev_mode)
+
 if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw would hide typos from them
     __getattr__, __dir__ = attach(
         __name__,
@@ -136,5 +159,10 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
                 "SubConnectorError",
             ],
         },
-        submodules=["cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "testing", "transfer"],
+        submodules=[
+            "cli", "composite", "config", "connectors", "devmode", "engine", "errors", "mypy", "stores", "testing",
+            "transfer",
+        ],
     )
+
+del TYPE_CHECKING, attach, before_loading, _types_checked_in_dev_mode  # dir(), vars(): the front's names only

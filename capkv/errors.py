@@ -6,7 +6,7 @@ which connector, which method, which KV-cache group, which value — both in its
 message and as attributes, so engines can log or react to them structurally.
 """
 
-from __future__ import annotations
+import copyreg as _copyreg
 
 __all__ = [
     "ArgumentError",
@@ -19,6 +19,8 @@ __all__ = [
     "MetadataError",
     "SubConnectorError",
 ]
+
+_NEW_OBJECT: object = vars(_copyreg)["__newobj__"]  # pickle writes it as NEWOBJ (typeshed omits the name)
 
 
 class CapkvError(Exception):
@@ -49,17 +51,12 @@ class CapkvError(Exception):
         self.value = value
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Errors cross process boundaries (engines run workers in other processes):
-        # keep every field, also the required ones of subclasses.
-        return (_restore, (type(self), self.args, dict(self.__dict__)))
+        """Errors cross process boundaries (engines run workers in other processes): keep every field.
 
-
-def _restore(cls: type[CapkvError], args: tuple[object, ...], state: dict[str, object]) -> CapkvError:
-    error = cls.__new__(cls)
-    Exception.__init__(error, *args)
-    error.__dict__.update(state)
-    return error
-
+        Rebuilt without calling ``__init__`` (whose required fields differ by subclass), then given
+        the message and fields back; the pickle names the error's class and nothing else of capkv.
+        """
+        return (_NEW_OBJECT, (type(self),), {**self.__dict__, "args": self.args})
 
 
 class CapabilityError(CapkvError):

@@ -11,12 +11,16 @@ vLLM's own connectors in a capkv stack: :func:`wrap` (:class:`HMAVllmChild` exac
 connector's class derives from vLLM's ``SupportsHMA``, statically too; else :class:`VllmChild`).
 """
 
+from typing import TYPE_CHECKING
+
+from capkv._lazy import attach
 from capkv.adapters.vllm._require import require_vllm
 
 require_vllm()
 
-from capkv.adapters.vllm._child import HMAVllmChild, VllmChild, wrap  # noqa: E402
-from capkv.adapters.vllm._host import CapkvConnector, CapkvHMAConnector  # noqa: E402
+if TYPE_CHECKING:
+    from capkv.adapters.vllm._child import HMAVllmChild, VllmChild, wrap
+    from capkv.adapters.vllm._host import CapkvConnector, CapkvHMAConnector
 
 __all__ = [
     "CapkvConnector",
@@ -25,3 +29,14 @@ __all__ = [
     "VllmChild",
     "wrap",
 ]
+
+if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
+    __getattr__, __dir__ = attach(
+        __name__,
+        {
+            "capkv.adapters.vllm._child": ["HMAVllmChild", "VllmChild", "wrap"],
+            "capkv.adapters.vllm._host": ["CapkvConnector", "CapkvHMAConnector"],
+        },
+    )
+
+del TYPE_CHECKING, attach, require_vllm  # dir(), vars(): the front's names only

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import capkv
+from capkv import _deprecations
 
 ROOT = Path(capkv.__file__).resolve().parent
 
@@ -140,7 +141,7 @@ FRONTS: dict[str, list[str]] = {
         "single_group_hint",
         "types_checked",
     ],
-    "capkv.mypy": ["CAPKV_CONNECTOR", "CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"],
+    "capkv.mypy": ["plugin"],
     "capkv.cli": ["main"],
     "capkv.vllm": ["CapkvConnector", "CapkvHMAConnector", "HMAVllmChild", "VllmChild", "wrap"],
     "capkv.testing": [
@@ -171,6 +172,9 @@ INTERNAL_PACKAGES = {"capkv.capabilities", "capkv.contracts"}
 ADAPTER_PACKAGES = {"capkv.adapters", "capkv.adapters.vllm"}
 """Engine adapters: private by their docstrings (their front is ``capkv.vllm``); to be renamed ``_adapters``."""
 
+DEPRECATED_MODULES = (set(_deprecations.DEPRECATED) | set(_deprecations.REMOVED)) - set(FRONTS) - INTERNAL_PACKAGES
+"""capkv 0.1.0's modules, kept as shims that warn (tests/test_deprecations.py): they export nothing new."""
+
 OPTIONAL = {"capkv.vllm": "vllm"}
 """Fronts that need an optional dependency to import: pinned where it is installed."""
 
@@ -191,17 +195,26 @@ def public_modules() -> list[str]:
 
 
 def test_no_module_outside_the_fronts_is_public() -> None:
-    assert set(public_modules()) == set(FRONTS) | INTERNAL_PACKAGES | ADAPTER_PACKAGES
+    assert set(public_modules()) == set(FRONTS) | INTERNAL_PACKAGES | ADAPTER_PACKAGES | DEPRECATED_MODULES
+
+
+@pytest.mark.parametrize("module", sorted(DEPRECATED_MODULES))
+def test_deprecated_modules_export_nothing(module: str) -> None:
+    shim = importlib.import_module(module)
+    assert shim.__all__ == []
+    assert "deprecated" in shim.__deprecated__
 
 
 def test_inside_capkv_packages_every_module_is_private() -> None:
     """On disk too: ``capkv/<package>/`` holds its front (``__init__.py``) and ``_name`` modules only."""
     internal_dirs = {ROOT.parent.joinpath(*package.split(".")) for package in INTERNAL_PACKAGES | ADAPTER_PACKAGES}
+    shims = {ROOT.parent.joinpath(*module.split(".")).with_suffix(".py") for module in DEPRECATED_MODULES}
     public = [
         str(path.relative_to(ROOT.parent))
         for path in ROOT.glob("*/**/*.py")
-        if not path.name.startswith("_") or not (path.parent == ROOT or path.parent in internal_dirs | {
-            ROOT.parent.joinpath(*front.split(".")) for front in FRONTS})
+        if path not in shims
+        and (not path.name.startswith("_") or not (path.parent == ROOT or path.parent in internal_dirs | {
+            ROOT.parent.joinpath(*front.split(".")) for front in FRONTS}))
     ]
     assert public == []
 
@@ -222,21 +235,38 @@ def test_internal_packages_export_nothing(package: str) -> None:
     assert importlib.import_module(package).__all__ == []
 
 
+@pytest.mark.parametrize("front", sorted(FRONTS | {p: [] for p in INTERNAL_PACKAGES}))
+def test_dir_shows_the_fronts_names_and_nothing_else(front: str) -> None:
+    """No helper (``attach``, ``TYPE_CHECKING``, ``annotations``) in ``dir()`` or the namespace; deprecated names hidden."""
+    module = load(front)
+    shown = {name for name in dir(module) if not name.startswith("_")}
+    below = {name for name in shown if isinstance(getattr(module, name), types.ModuleType)}
+    assert shown - below == set(module.__all__)
+    assert all(f"{front}.{name}" in FRONTS or f"{front}.{name}" in INTERNAL_PACKAGES for name in below), below
+    helpers = {
+        name for name, value in vars(module).items() if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    } - set(module.__all__)
+    assert helpers <= set(_deprecations.DEPRECATED.get(front, ())), helpers  # cached deprecated reads aside
+
+
 @pytest.mark.parametrize("front", sorted(FRONTS))
 def test_what_checkers_read_is_what_the_interpreter_gives(front: str) -> None:
-    """A lazy front's ``if TYPE_CHECKING:`` imports name every export, from where the interpreter takes it."""
+    """A lazy front's ``if TYPE_CHECKING:`` imports (or plain ones) name every export, from where the interpreter takes it."""
     module = load(front)
     path = Path(module.__file__ or "")
     tree = ast.parse(path.read_text())
     checked = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
-    if not checked:  # an eager module (errors, mypy, cli): its exports are its own or plainly imported
+    if not checked:  # errors: its exports are its own
         return
+    plain = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("capkv.")]
     imported: dict[str, object] = {}
-    for node in ast.walk(checked[0]):
+    for node in [*plain, *(n for block in checked for n in ast.walk(block))]:
         if isinstance(node, ast.ImportFrom) and node.module is not None:
             source = importlib.import_module(node.module)
-            imported.update({alias.name: getattr(source, alias.name) for alias in node.names})
-    assert sorted(imported) == sorted(module.__all__)
+            imported.update({a.name: getattr(source, a.name) for a in node.names if not a.name.startswith("_")})
+    helpers = set(_deprecations.DEPRECATED.get(front, ())) | {"deprecated", "signature_of", "attach", "before_loading", "require_vllm"}
+    imported = {name: value for name, value in imported.items() if name not in helpers and not name.startswith("_")}
+    assert sorted(imported) == sorted(module.__all__)  # the deprecated names: tests/test_deprecations.py
     for name, value in imported.items():
         assert getattr(module, name) is value, name
 
@@ -266,3 +296,24 @@ def test_no_object_is_public_under_two_names() -> None:
                 continue  # constants may coincide by value; engine objects capkv does not type are aliases of Any
             other = seen.setdefault(id(value), name)
             assert other == name, f"{front}.{name} is also public as {other}"
+
+
+def test_names_that_are_bare_any_say_so_where_they_are_defined() -> None:
+    """``capkv.SchedulerOutput`` is ``typing.Any``: its docstring (read by docs and editors) must say so."""
+    found = []
+    for front, names in FRONTS.items():
+        if front in OPTIONAL and importlib.util.find_spec(OPTIONAL[front]) is None:
+            continue
+        module = importlib.import_module(front)
+        for name in names:
+            if getattr(module, name) is not Any:
+                continue
+            found.append(name)
+            defined = next(m for m, ns in capkv._homes._FRONTS[front].items() if name in ns)  # noqa: SLF001
+            tree = ast.parse(Path(importlib.import_module(defined).__file__ or "").read_text())
+            body = tree.body
+            at = next(i for i, n in enumerate(body) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == name)
+            doc = body[at + 1]
+            assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), f"{name} has no docstring"
+            assert "alias of ``typing.Any``" in str(doc.value.value), f"{defined}.{name}: {doc.value.value!r}"
+    assert len(found) == 5, found

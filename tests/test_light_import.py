@@ -80,7 +80,7 @@ def test_importing_every_front_loads_no_implementation(dev: bool) -> None:
     ]
     facts = loaded(probe(f"import json, sys\nimport {', '.join(fronts)}\n{REPORT}", dev=dev))
     assert facts["torch"] is False and facts["beartype"] is False
-    assert facts["capkv"] == sorted([*fronts, "capkv._lazy", "capkv._version"])
+    assert facts["capkv"] == sorted([*fronts, "capkv._homes", "capkv._lazy", "capkv._version"])
 
 
 def test_the_first_name_taken_loads_its_module_and_in_dev_mode_beartype() -> None:
@@ -142,6 +142,96 @@ def test_capkv_check_of_a_torch_free_stack_does_not_import_torch(tmp_path: Path,
     facts = loaded(probe(code, cwd=tmp_path, dev=dev))
     assert facts["torch"] is False
     assert facts["beartype"] is dev
+
+
+BLOCK_TORCH = """
+import importlib.abc, sys, traceback
+attempts = []
+class _NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            attempts.append("".join(traceback.format_stack(limit=12)))
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+def capkv_stacks(tmp_path: Path) -> dict[str, object]:
+    """Configurations naming capkv's own connectors: each alone, all in one stack, nested, with options, hosted."""
+    from capkv.config._registry import BUILTIN_CONNECTORS
+
+    options: dict[str, dict[str, object]] = {
+        "CPUOffloadConnector": {"capacity_blocks": 4096},
+        "SingleGroupOffloadConnector": {"capacity_blocks": 1024},
+        "FileStoreConnector": {"root": str(tmp_path / "kv"), "namespace": "m"},
+        "RedisStoreConnector": {"url": "redis://127.0.0.1:1"},
+    }
+    leaves = sorted({target.rpartition(":")[2] for target in BUILTIN_CONNECTORS.values()} - {"MultiConnector"})
+
+    def stack(children: list[dict[str, object]]) -> dict[str, object]:
+        return {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": children}}
+
+    bare = [{"kv_connector": name} for name in leaves]
+    full = [{"kv_connector": name, "kv_connector_extra_config": options.get(name, {})} for name in leaves]
+    configs: dict[str, object] = {f"{name}.json": leaf for name, leaf in zip(leaves, full, strict=True)}
+    configs["all.json"] = stack(bare)
+    configs["nested.json"] = stack([full[0], stack(full[1:]), stack([stack(full)])])
+    configs["host.json"] = {"kv_connector": "CapkvHMAConnector", "kv_connector_module_path": "capkv.vllm",
+                            "kv_role": "kv_both", "kv_connector_extra_config": {"stack": stack(full)}}
+    configs["short.json"] = stack([{"kv_connector": name} for name in ("cpu", "file", "redis", "single")])
+    return configs
+
+
+@pytest.mark.parametrize("dev", [True, False], ids=["dev", "production"])
+def test_capkv_check_of_capkvs_own_connectors_never_imports_torch(tmp_path: Path, dev: bool) -> None:
+    """``capkv check`` reads classes and options; the store and copy modules it loads defer torch to first use."""
+    configs = capkv_stacks(tmp_path)
+    for name, config in configs.items():
+        (tmp_path / name).write_text(json.dumps(config))
+    code = BLOCK_TORCH + f"""
+import json
+from capkv.cli import main
+codes = {{}}
+for name in {sorted(configs)!r}:
+    for groups in ([], ["--groups", "1"], ["--groups", "3"]):
+        codes[name + " " + " ".join(groups)] = main(["check", name, *groups])
+print(json.dumps({{"attempts": attempts, "codes": codes, "torch": "torch" in sys.modules,
+                  "loaded": sorted(m for m in sys.modules if m.startswith("capkv."))}}))
+"""
+    result = probe(code, cwd=tmp_path, dev=dev)
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert facts["attempts"] == [], facts["attempts"][0]
+    assert facts["torch"] is False
+    assert "cannot import" not in result.stderr, result.stderr[-3000:]
+    codes = facts["codes"]
+    bare = {key: code for key, code in codes.items() if key.startswith(("all.json", "short.json"))}
+    assert set(bare.values()) <= {1, 2}, bare  # options left out: refused (2), or not HMA-capable (1)
+    assert {key: code for key, code in codes.items() if key not in bare and code not in (0, 1)} == {}  # verdicts
+    assert codes["nested.json --groups 3"] == 1 and codes["CPUOffloadConnector.json --groups 3"] == 0
+    loaded = set(facts["loaded"])
+    assert {"capkv.connectors._cpu_offload", "capkv.connectors._file_store", "capkv.stores._base"} <= loaded
+
+
+def test_the_copy_and_store_modules_import_without_torch() -> None:
+    """Every module under capkv.transfer, capkv.stores and capkv.connectors imports with torch blocked."""
+    code = BLOCK_TORCH + """
+import importlib, json, pkgutil
+import capkv.transfer, capkv.stores, capkv.connectors
+names = [m.name for p in (capkv.transfer, capkv.stores, capkv.connectors) for m in pkgutil.iter_modules(p.__path__, p.__name__ + ".")]
+skipped = {"capkv.transfer._bench"}  # capkv bench transfer: it times torch, so it imports it
+for name in names:
+    if name not in skipped:
+        importlib.import_module(name)
+print(json.dumps({"attempts": attempts, "modules": len(names)}))
+"""
+    for dev in (True, False):
+        result = probe(code, dev=dev)
+        assert result.returncode == 0, result.stderr[-3000:]
+        facts = json.loads(result.stdout.strip().splitlines()[-1])
+        assert facts["attempts"] == [], facts["attempts"][0]
+        assert facts["modules"] > 20
 
 
 def test_hiding_numpy_makes_torch_warn() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import mypy.version
 import pytest
 
-from capkv.mypy import SUPPORTED_MYPY, CapkvPlugin, plugin
+from capkv._mypy_plugin import SUPPORTED_MYPY, CapkvPlugin
+from capkv.mypy import plugin
 
 
 def test_the_installed_mypy_is_a_supported_release() -> None:

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from capkv._homes import publish
+
 __all__ = [
     "HMA_METHOD",
     "HMA_RULE",
@@ -143,3 +145,6 @@ def _walk(node: object, path: tuple[int, ...]) -> Iterator[NonHMAChild]:
             yield from _walk(child, (*path, index))
     elif not supports_hma(node):
         yield NonHMAChild(path, describe(node))
+
+
+publish(__name__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
+from capkv._homes import publish
 from capkv.capabilities._hma import StackNode, describe, explain_not_hma, non_hma_children, supports_hma
 from capkv.contracts._connector import KVConnector, RequestT, missing_members
 from capkv.contracts._engine import BlockIds, KVTransferParams
@@ -152,3 +153,6 @@ def _is_one_list_per_group(block_ids: object) -> bool:
         return False
     groups = cast("tuple[object, ...]", block_ids)
     return bool(groups) and all(isinstance(group, list) for group in groups)
+
+
+publish(__name__)

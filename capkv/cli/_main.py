@@ -19,6 +19,8 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast, runtime_checkable
 
+from capkv._homes import publish
+
 __all__ = ["SUBCOMMANDS", "main"]
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -104,3 +106,6 @@ def _one_line(message: str) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+publish(__name__)

@@ -5,14 +5,20 @@ stack is an instance of the HMA variant of the requested class exactly when
 every child is HMA-capable (:func:`capkv.supports_hma`), so a non-HMA stack has
 no ``request_finished_all_groups`` at all. ``capkv check`` uses the same
 functions to name a configured stack before it is built.
+
+A stack class names its HMA variant through the :class:`HMAVariant` descriptor
+(``MultiConnector`` installs it with ``HMAMultiConnector`` as the HMA base), so
+this module needs neither class. A variant made for a subclass reports the
+subclass's module and name, and pickles as ``getattr(<subclass>, "_hma_class")``.
 """
 
 from __future__ import annotations
 
+import copyreg
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import new_class
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from capkv.capabilities._facts import StaticFact
 from capkv.capabilities._hma import StackNode, describe, explain_not_hma, non_hma_children, supports_hma
@@ -22,12 +28,10 @@ from capkv.composite._runtime import StackRuntime
 from capkv.contracts._connector import KVConnector, missing_members
 from capkv.errors import ArgumentError, CapabilityError, ConfigError
 
-if TYPE_CHECKING:
-    from capkv.composite._multi import MultiConnector
+__all__ = ["HMAVariant", "answers_by_agreement", "build_stack", "declared_class", "stack_class"]
 
-__all__ = ["answers_by_agreement", "build_stack", "rebuild_stack", "stack_class"]
-
-_HMA_VARIANTS: dict[type[Any], type[Any]] = {}
+VARIANT_ATTRIBUTE = "_hma_class"
+"""The class attribute (an :class:`HMAVariant`) that names a stack class's HMA variant."""
 
 
 def build_stack(cls: type[Any], children: tuple[object, ...], init_kwargs: dict[str, Any]) -> Any:
@@ -64,9 +68,7 @@ def build_stack(cls: type[Any], children: tuple[object, ...], init_kwargs: dict[
             )
     _refuse_shared_children(name, children)
     hma = all(supports_hma(child) for child in children)
-    from capkv.composite._multi import HMAMultiConnector
-
-    if not hma and issubclass(cls, HMAMultiConnector):
+    if not hma and _hma_class(cls) is cls:
         offenders = explain_not_hma(non_hma_children(_Children(children)))
         raise CapabilityError(
             f"{name} needs every child to be HMA-capable: {offenders}",
@@ -80,15 +82,9 @@ def build_stack(cls: type[Any], children: tuple[object, ...], init_kwargs: dict[
     return stack
 
 
-def rebuild_stack(cls: type[Any], children: tuple[object, ...], init_kwargs: dict[str, Any]) -> Any:
-    """How copies and unpickled stacks are made: built again, then given the state (``__setstate__``)."""
-    return build_stack(cls, children, init_kwargs)
-
-
 def declared_class(stack: StackRuntime) -> type[Any]:
     """The class a stack was asked to be (its HMA variant is an implementation detail)."""
-    kind = type(stack)
-    return cast("type[Any]", kind.__dict__.get("_declared", kind))
+    return declared_class_of(type(stack))
 
 
 class _Children(StackNode):
@@ -136,7 +132,7 @@ def stack_class(cls: type[Any], children: Iterable[object]) -> type[Any]:
     """
     if StackRuntime not in cls.__mro__:
         return cls
-    return _hma_variant(cls) if all(supports_hma(child) for child in children) else cls
+    return _hma_class(cls) if all(supports_hma(child) for child in children) else cls
 
 
 def answers_by_agreement(cls: type[Any], fact: StaticFact) -> bool:
@@ -151,23 +147,62 @@ def answers_by_agreement(cls: type[Any], fact: StaticFact) -> bool:
     return member is inspect.getattr_static(StackRuntime, fact)
 
 
-def _hma_variant(cls: type[Any]) -> type[Any]:
-    """The HMA class to build for ``cls``: itself, ``HMAMultiConnector``, or a cached mix-in of both."""
-    from capkv.composite._multi import HMAMultiConnector, MultiConnector
+def _hma_class(cls: type[Any]) -> type[Any]:
+    return cast("type[Any]", getattr(cls, VARIANT_ATTRIBUTE))
 
-    if HMAMultiConnector in cls.__mro__:
-        return cls
-    if cls is MultiConnector:
-        return HMAMultiConnector
-    variant = _HMA_VARIANTS.get(cls)
-    if variant is None:
-        stack = cast("type[MultiConnector[Any]]", cls)
 
+class HMAVariant:
+    """Class attribute of a stack class: the class its stacks are when every child is HMA-capable.
+
+    That is the class itself when it is HMA already, ``hma`` for ``plain``, and for
+    any other subclass a cached mix-in of the subclass and ``hma``.
+    """
+
+    def __init__(self, plain: type[Any], hma: type[Any]) -> None:
+        self._plain = plain
+        self._hma = hma
+        self._variants: dict[type[Any], type[Any]] = {}
+
+    def __get__(self, instance: object, owner: type[Any]) -> type[Any]:
+        if issubclass(owner, self._hma):
+            return owner
+        if owner is self._plain:
+            return self._hma
+        variant = self._variants.get(owner)
+        if variant is None:
+            variant = self._variants[owner] = self._mix(owner)
+        return variant
+
+    def _mix(self, cls: type[Any]) -> type[Any]:
         def body(namespace: dict[str, Any]) -> None:
-            namespace.update(
-                __slots__=(), __module__=cls.__module__, __qualname__=cls.__qualname__, _declared=cls
-            )
+            namespace.update(__slots__=(), __module__=cls.__module__, __qualname__=cls.__qualname__, _declared=cls)
 
-        variant = new_class(cls.__name__, (stack, HMAMultiConnector), exec_body=body)
-        _HMA_VARIANTS[cls] = variant
-    return variant
+        meta = _variant_metaclass(type(cls))
+        return new_class(cls.__name__, (cls, self._hma), {"metaclass": meta}, body)
+
+
+_VARIANT_METACLASSES: dict[type[Any], type[Any]] = {}
+
+
+def _variant_metaclass(meta: type[Any]) -> type[Any]:
+    """A metaclass for variants of classes of ``meta``, whose classes pickle by reference to their declared class.
+
+    A variant shares its declared class's module and name, so pickle's lookup by
+    name would find the declared class instead; its own metaclass gets a reducer.
+    """
+    known = _VARIANT_METACLASSES.get(meta)
+    if known is not None:
+        return known
+    variant_meta: type[Any] = type(f"HMAVariantOf{meta.__name__}", (meta,), {"__module__": __name__})
+    _VARIANT_METACLASSES[meta] = variant_meta
+    copyreg.pickle(variant_meta, _reduce_variant)
+    return variant_meta
+
+
+def _reduce_variant(variant: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return (getattr, (declared_class_of(variant), VARIANT_ATTRIBUTE))
+
+
+def declared_class_of(kind: type[Any]) -> type[Any]:
+    """The class a stack class was asked to be (a variant's declared class; else itself)."""
+    return cast("type[Any]", kind.__dict__.get("_declared", kind))

@@ -21,6 +21,8 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from enum import Enum
 
+from capkv._homes import publish
+
 __all__ = ["Drop", "DroppedReports", "ReceiveTracker", "SendTracker"]
 
 _log = logging.getLogger("capkv.composite")
@@ -182,3 +184,6 @@ class ReceiveTracker:
 
     def restore(self, state: Mapping[str, list[list[int]]]) -> None:
         self._pending = {request_id: [list(entry) for entry in entries] for request_id, entries in state.items()}
+
+
+publish(__name__)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
+from capkv._homes import publish
 from capkv.contracts._engine import WorkerMetadata
 from capkv.errors import MetadataError
 
@@ -26,6 +27,11 @@ class NotBuilt(Enum):
     """The slot of a child whose ``build_connector_meta`` raised: it sits the step out."""
 
     NOT_BUILT = "NOT_BUILT"
+
+    # pickle takes a str (a global's name); typeshed's Enum says tuple only
+    def __reduce_ex__(self, protocol: object) -> str:  # type: ignore[override]  # pyright: ignore[reportIncompatibleMethodOverride]
+        """Pickled by name, as ``capkv.composite.NOT_BUILT``: the one marker in every process."""
+        return self.name
 
 
 NOT_BUILT = NotBuilt.NOT_BUILT
@@ -110,3 +116,6 @@ def merge_worker_metas(
         else:
             merged.append(a.aggregate(b))
     return tuple(merged)
+
+
+publish(__name__)

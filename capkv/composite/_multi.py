@@ -27,7 +27,8 @@ from typing import Any, Generic, cast, overload
 
 from typing_extensions import Self, TypeVar, TypeVarTuple, Unpack
 
-from capkv.composite._building import build_stack, declared_class, rebuild_stack
+from capkv._homes import publish
+from capkv.composite._building import VARIANT_ATTRIBUTE, HMAVariant, build_stack, declared_class
 from capkv.composite._finish import FinishResult
 from capkv.composite._runtime import StackRuntime
 from capkv.contracts._connector import HMAConnector, KVConnector
@@ -127,8 +128,17 @@ class MultiConnector(StackRuntime, Generic[Unpack[_Ts]]):
         return stack
 
     def __reduce__(self) -> tuple[object, ...]:
-        """Copies and pickles: the same class, children and options, then this stack's state."""
-        return (rebuild_stack, (declared_class(self), self._children, self._init_kwargs), self.__getstate__())
+        """Copies and pickles: the same class, children and options, then this stack's state.
+
+        The pickle names the stack's public class (``capkv.MultiConnector``, or yours) and its
+        :meth:`_rebuilt`, so it loads wherever capkv keeps its implementation.
+        """
+        return (declared_class(self)._rebuilt, (self._children, self._init_kwargs), self.__getstate__())
+
+    @classmethod
+    def _rebuilt(cls, children: tuple[object, ...], init_kwargs: dict[str, Any]) -> Any:
+        """A copied or unpickled stack: built again over the children, then given the state (``__setstate__``)."""
+        return build_stack(cls, children, init_kwargs)
 
     def __reduce_ex__(self, protocol: Any, /) -> tuple[object, ...]:
         return self.__reduce__()
@@ -142,3 +152,9 @@ class HMAMultiConnector(MultiConnector[Unpack[_Ts]]):
     def request_finished_all_groups(self, request: Request, block_ids: BlockIds, /) -> FinishResult:
         """Every child gets every group; the same aggregation as ``request_finished``."""
         return self._finish(request, self._hma_finishers, block_ids, "request_finished_all_groups")
+
+
+setattr(MultiConnector, VARIANT_ATTRIBUTE, HMAVariant(MultiConnector, HMAMultiConnector))
+
+
+publish(__name__)

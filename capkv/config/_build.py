@@ -18,14 +18,19 @@ Pass ``factory`` to decide yourself. Composites are built from their built
 children: ``cls(*children)``. Whatever a connector's own code raises while being
 built — any exception, ``SystemExit`` included — comes back as one
 :class:`~capkv.ConfigError` naming the entry; only ``KeyboardInterrupt`` passes.
+A stack whose build fails half way shuts down the connectors it already built
+(:func:`closed_on_error`): their writer threads, files and sockets do not
+outlive the error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from capkv._homes import publish
 from capkv.composite._options import STACK_OPTIONS
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 from capkv.config._options import ConnectorOptions, declared_options
@@ -33,10 +38,9 @@ from capkv.contracts._spec import KVSpec
 from capkv.errors import CapkvError, ConfigError
 
 __all__ = [
-    "FACTORY_HOOK", "BuildContext", "ConnectorFactory", "build_connector", "build_composite",
-    "build_stack", "call_user_code",
+    "FACTORY_HOOK", "BuildContext", "ConnectorFactory", "build_composite", "build_connector", "build_stack",
+    "call_user_code", "closed_on_error",
 ]
-
 
 FACTORY_HOOK = "from_extra_config"
 """Name of the optional classmethod that builds a connector from its extra config."""
@@ -120,15 +124,38 @@ def build_stack(
     """Construct the connectors of ``node``, leaves first; returns the root connector."""
     if isinstance(node, ConfiguredConnector):
         return factory(node) if factory is not None else build_connector(node, context=context)
-    children = [build_stack(entry, factory=factory, context=context) for entry in node.entries]
-    return build_composite(node, children)
+    children: list[Any] = []
+    with closed_on_error(children):
+        for entry in node.entries:
+            children.append(build_stack(entry, factory=factory, context=context))
+        return build_composite(node, children)
 
 
 def build_composite(node: ConfiguredStack, children: Sequence[object]) -> Any:
     """``node``'s composite over its built ``children``, with the options its configuration gives
-    (:data:`STACK_OPTIONS`, e.g. ``{"connectors": [...], "promote": true}``)."""
+    (:data:`~capkv.composite._options.STACK_OPTIONS`, e.g. ``{"connectors": [...], "promote": true}``)."""
     options = {name: node.extra_config[name] for name in STACK_OPTIONS if name in node.extra_config}
     return call_user_code(
         lambda: node.cls(*children, **options), f'{node.position + ": " if node.position else ""}cannot build "{node.name}"',
         node.position or node.name, None,
     )
+
+
+@contextmanager
+def closed_on_error(built: Sequence[Any]) -> Generator[None]:
+    """Shut down the connectors in ``built`` (as it is when the error comes, newest first) if the
+    block raises; the error passes on. A connector's own failure to shut down does not hide it."""
+    try:
+        yield
+    except BaseException:
+        for connector in reversed(list(built)):
+            shutdown: object = getattr(connector, "shutdown", None)
+            if callable(shutdown):
+                try:
+                    shutdown()
+                except Exception:  # the build's error is the one to report
+                    pass
+        raise
+
+
+publish(__name__)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from capkv._homes import publish
 from capkv.capabilities._hma import StackNode, class_finishes_all_groups
 from capkv.config._registry import ConnectorRegistry, default_registry
 from capkv.errors import ConfigError
@@ -237,3 +238,6 @@ def _kind(value: object) -> str:
         dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number",
     }
     return names.get(type(value), type(value).__name__)
+
+
+publish(__name__)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from capkv._homes import publish
 from capkv.errors import ConfigError
 
 __all__ = ["OPTIONS_ATTRIBUTE", "ConnectorOptions", "Option", "check_extra_config", "declared_options"]
@@ -158,3 +159,6 @@ def check_extra_config(cls: type[Any], extra_config: Mapping[str, object], *, co
         return False
     options.check(extra_config, connector=connector)
     return True
+
+
+publish(__name__)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, TypeVar, cast
 
+from capkv._homes import publish
 from capkv.contracts._connector import missing_members
 from capkv.errors import ConfigError
 
@@ -246,3 +247,6 @@ def register_connector(name: str) -> Callable[[_C], _C]:
 def resolve_connector(name: str, *, module_path: str | None = None) -> type[Any]:
     """:meth:`ConnectorRegistry.resolve` on :data:`default_registry`."""
     return default_registry.resolve(name, module_path=module_path)
+
+
+publish(__name__)

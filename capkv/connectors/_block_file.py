@@ -46,6 +46,8 @@ __all__ = [
 
 TEMP_SUFFIX = ".tmp"
 PACK_SUFFIX = ".kvpack"
+_READ_LIMIT = 1 << 30
+"""At most this many bytes per read call."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,11 @@ def write_pack(root: Path, records: Sequence[PackRecord]) -> tuple[str, list[Rec
     headers: list[RecordHeader] = []
     offset = 0
     temporary = root / f".{name}.{os.getpid()}{TEMP_SUFFIX}"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileNotFoundError:  # the directory was removed: a store outlives that
+        root.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
             parts: list[bytes | memoryview] = []
@@ -133,11 +139,12 @@ def scan_pack(path: Path) -> Iterator[RecordHeader]:
 
 def read_values(descriptor: int, records: Sequence[RecordHeader], buffers: Sequence[memoryview]) -> list[int] | None:
     """Read records that lie back to back in an open pack, each whole value (header and payload) into
-    its buffer, in one system call; per record, how many of its bytes were read (fewer than its value's
-    length: the pack is shorter than its index said), or ``None`` when the pack is gone or unreadable."""
+    its buffer, in as few system calls as the OS allows; per record, how many of its bytes were read
+    (fewer than its value's length only where the pack ends before its index said — a read the OS
+    returned in parts is resumed, never short), or ``None`` when the pack is gone or unreadable."""
     views = [buffer[: HEADER_SIZE + record.length] for record, buffer in zip(records, buffers, strict=True)]
     try:
-        got = os.preadv(descriptor, views, records[0].offset)
+        got = _read_all(descriptor, views, records[0].offset)
     except OSError:
         return None
     counts: list[int] = []
@@ -145,6 +152,33 @@ def read_values(descriptor: int, records: Sequence[RecordHeader], buffers: Seque
         counts.append(min(got, len(view)))
         got = max(0, got - len(view))
     return counts
+
+
+def _read_all(descriptor: int, buffers: Sequence[memoryview], offset: int) -> int:
+    """``preadv`` into ``buffers`` from ``offset``, at most :data:`_READ_LIMIT` bytes a call (Linux
+    moves at most 2 GiB - 4 KiB per call), resuming after short reads until they are full or the file
+    ends; the bytes read."""
+    views = [memoryview(buffer).cast("B") for buffer in buffers]
+    total = 0
+    index = 0
+    while index < len(views):
+        batch: list[memoryview] = []
+        size = 0
+        for view in views[index:]:
+            if size + len(view) > _READ_LIMIT and batch:
+                break
+            batch.append(view[: _READ_LIMIT - size])
+            size += len(batch[-1])
+        got = os.preadv(descriptor, batch, offset + total)
+        if got == 0:
+            return total  # the end of the file
+        total += got
+        while index < len(views) and got >= len(views[index]):
+            got -= len(views[index])
+            index += 1
+        if got:
+            views[index] = views[index][got:]
+    return total
 
 
 def sweep_temporary_files(root: Path) -> int:

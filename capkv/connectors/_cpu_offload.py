@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, cast
 
+from capkv._homes import publish
 from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._host_pool import HostPoolIndex
 from capkv.contracts._arguments import require_int, require_str
@@ -174,3 +175,6 @@ class CPUOffloadConnector(HostPoolConnector):
     ) -> tuple[bool, KVTransferParams | None]:
         """Save the request's computed full blocks of every group; hold them until the copy completes."""
         return self._finish(request, block_ids, "request_finished_all_groups")
+
+
+publish(__name__)

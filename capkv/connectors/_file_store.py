@@ -7,8 +7,9 @@ file, one fsync, one atomic rename), so the cost per block is its bytes, not a
 file. Reads go straight to the record's offset, values that lie back to back
 in one pack in one system call, into the store's buffers. The directory is the
 index (:mod:`capkv.connectors._pack_catalog`), shared by every engine process
-that uses it, and bounded by ``capacity_bytes`` (least recently used packs go
-first, never one a planned load has pinned).
+that uses it, and bounded by ``capacity_bytes`` over all of them (least
+recently used packs go first, never one any process has leased: see the
+catalog for how processes share the directory).
 
 A pack that is gone is a miss; any other read error (out of file descriptors,
 an I/O error, no permission) is this step's miss and keeps the file. A value
@@ -21,12 +22,11 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from capkv._homes import publish
 from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._block_file import (
     PackRecord,
@@ -52,9 +52,6 @@ DEFAULT_CAPACITY_BYTES = 16 << 30
 PackWriter = Callable[[Path, Sequence[PackRecord]], tuple[str, list[RecordHeader]]]
 """Writes one pack: ``(root, records) -> (file name, records written)``, as :func:`write_pack`."""
 
-_OPEN_PACKS = 32
-"""Pack files a reader keeps open."""
-
 _RUN_RECORDS = 256
 """At most this many records per read call (under ``IOV_MAX``)."""
 
@@ -70,9 +67,9 @@ class FileBackend:
         self._root = catalog.root
         self._owner = owner
         self._write = write
-        self._open: OrderedDict[str, int] = OrderedDict()
-        self._open_lock = threading.Lock()
         self._pinned: dict[StoreKey, list[str]] = {}
+        self._offered: list[str] = []
+        """Packs the last ``contains`` found, leased until the next."""
         self.eviction_failures: int = 0
         """Evictions that raised (the pack stays; the next put tries again)."""
 
@@ -83,7 +80,23 @@ class FileBackend:
         return found
 
     def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
-        return [self._find(key) is not None for key in keys]
+        """Per key, whether a whole value is stored. What it finds stays leased — no process evicts it —
+        until the next ``contains``: the scheduler asks, then pins what it plans to load, then asks again,
+        so a block it was offered cannot vanish before its load is pinned."""
+        offered, self._offered = self._offered, []
+        answers: list[bool] = []
+        for key in keys:
+            name = self._pin(key)
+            if name is not None:
+                self._offered.append(name)
+            answers.append(name is not None)
+        for name in offered:
+            self.catalog.unpin(name)
+        return answers
+
+    def _pin(self, key: StoreKey) -> str | None:
+        """Lease a pack that holds ``key``'s whole value; its name, or ``None`` when none is left."""
+        return None if self._find(key) is None else self.catalog.pin_place(key.block, key.layout)
 
     def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
         buffers = [bytearray(key.nbytes) for key in keys]
@@ -92,49 +105,59 @@ class FileBackend:
 
     def get_into(self, keys: Sequence[StoreKey], buffers: Sequence[memoryview], /) -> list[int | None]:
         counts: list[int | None] = [None] * len(keys)
+        opened: dict[str, int] = {}
+        indices = list(range(len(keys)))
+        try:
+            while indices:  # a pack gone under us (unpinned: evicted): its values may be stored elsewhere too
+                indices = self._read_keys(keys, indices, buffers, counts, opened)
+        finally:
+            for descriptor in opened.values():
+                os.close(descriptor)  # an evicted pack holds no disk past this read
+        return counts
+
+    def _read_keys(
+        self, keys: Sequence[StoreKey], indices: list[int], buffers: Sequence[memoryview], counts: list[int | None],
+        opened: dict[str, int],
+    ) -> list[int]:
+        """Read ``keys[i]`` into ``buffers[i]`` for each ``i`` in ``indices``; the indices whose pack was gone."""
+        gone: list[int] = []
         # Records that lie back to back in one pack (saved together) are read in one call.
         run: list[tuple[int, str, RecordHeader]] = []
-        for index, key in enumerate(keys):
-            found = self._find(key)
+        for index in indices:
+            found = self._find(keys[index])
             if found is None:
                 continue
             name, record = found
             if run and (len(run) == _RUN_RECORDS or not _continues(run[-1], index, name, record)):
-                self._read_run(run, buffers, counts)
+                gone += self._read_run(run, buffers, counts, opened)
                 run = []
             run.append((index, name, record))
         if run:
-            self._read_run(run, buffers, counts)
-        return counts
+            gone += self._read_run(run, buffers, counts, opened)
+        return gone
 
-    def _read_run(self, run: list[tuple[int, str, RecordHeader]], buffers: Sequence[memoryview], counts: list[int | None]) -> None:
+    def _read_run(
+        self, run: list[tuple[int, str, RecordHeader]], buffers: Sequence[memoryview], counts: list[int | None],
+        opened: dict[str, int],
+    ) -> list[int]:
+        """Read one run; its indices if the pack is gone (forgotten: a miss, unless stored elsewhere too)."""
         name = run[0][1]
         try:
-            descriptor = self._descriptor(name)
+            descriptor = opened.get(name)
+            if descriptor is None:
+                descriptor = opened[name] = os.open(self._root / name, os.O_RDONLY)
         except FileNotFoundError:
-            self.catalog.forget(name)  # evicted: a miss
-            return
+            self.catalog.forget(name)
+            return [index for index, _, _ in run]
         except OSError:  # EMFILE, EACCES, EIO: a miss now, the file stays
-            return
+            return []
         read = read_values(descriptor, [record for _, _, record in run], [buffers[index] for index, _, _ in run])
         if read is None:
-            return
+            return []
         for (index, _, _), count in zip(run, read, strict=True):
             counts[index] = count
         self.catalog.used(name)
-
-    def _descriptor(self, name: str) -> int:
-        with self._open_lock:
-            descriptor = self._open.get(name)
-            if descriptor is not None:
-                self._open.move_to_end(name)
-                return descriptor
-            descriptor = os.open(self._root / name, os.O_RDONLY)
-            self._open[name] = descriptor
-            while len(self._open) > _OPEN_PACKS:
-                _, oldest = self._open.popitem(last=False)
-                os.close(oldest)
-            return descriptor
+        return []
 
     def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> list[bool]:
         """One pack for every value; all stored, or (the write raised) none."""
@@ -163,13 +186,14 @@ class FileBackend:
                 self.catalog.bury(*found)
 
     def pin(self, keys: Sequence[StoreKey], /) -> list[bool]:
+        """Per key, whether a pack holding it is now leased: kept from every process's eviction (never
+        a pack that is already gone)."""
         pinned: list[bool] = []
         for key in keys:
-            found = self._find(key)
-            if found is not None:
-                self.catalog.pin(found[0])
-                self._pinned.setdefault(key, []).append(found[0])
-            pinned.append(found is not None)
+            name = self._pin(key)
+            if name is not None:
+                self._pinned.setdefault(key, []).append(name)
+            pinned.append(name is not None)
         return pinned
 
     def unpin(self, keys: Sequence[StoreKey], /) -> None:
@@ -181,9 +205,9 @@ class FileBackend:
                     del self._pinned[key]
 
     def close(self) -> None:
-        with self._open_lock:
-            while self._open:
-                os.close(self._open.popitem()[1])
+        """Drop this process's leases and stop following the directory's journal."""
+        self._offered = []
+        self.catalog.close()
 
 
 def _continues(last: tuple[int, str, RecordHeader], index: int, name: str, record: RecordHeader) -> bool:
@@ -249,3 +273,6 @@ class FileStoreConnector(StoreConnector):
         self.files: FileBackend = FileBackend(self.catalog, owner=name, write=write)
         """The backend: the directory's packs, read and written."""
         super().__init__(spec, self.files, namespace=namespace, background=True)
+
+
+publish(__name__)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 from urllib.parse import quote
 
+from capkv._homes import publish
 from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors._redis_client import RedisKV
 from capkv.contracts._arguments import argument_error, is_finite_number, require_instance, require_str
@@ -136,3 +137,6 @@ class RedisStoreConnector(StoreConnector):
     def key_name(self, key: BlockKey) -> bytes:
         """``key``'s Redis key name, in this engine's memory layout (after ``register_kv_caches``)."""
         return self.redis.names(self._store.store_key(key))
+
+
+publish(__name__)

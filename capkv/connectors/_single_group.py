@@ -11,6 +11,7 @@ group 0 alone. On a one-group model it is a working host-pool cache.
 
 from __future__ import annotations
 
+from capkv._homes import publish
 from capkv.connectors._cpu_offload import HostPoolConnector
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest
 from capkv.errors import CapabilityError
@@ -36,3 +37,6 @@ class SingleGroupOffloadConnector(HostPoolConnector):
                 f"{self.spec.num_groups}; check_stack rejects such a stack before serving",
                 connector=self._name, method=method, group=1, value=self.spec.num_groups,
             )
+
+
+publish(__name__)

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic
 
 
+from capkv._homes import publish
 from capkv.contracts._class_level import class_level
 from capkv.contracts._connector import RequestT
 from capkv.contracts._engine import (
@@ -178,3 +179,6 @@ class KVConnectorBase(ABC, Generic[RequestT]):
 
     def shutdown(self) -> None:
         return None
+
+
+publish(__name__)

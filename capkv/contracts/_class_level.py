@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from capkv._homes import publish
+
 __all__ = ["class_level"]
 
 _Method = TypeVar("_Method")
@@ -29,3 +31,6 @@ _Method = TypeVar("_Method")
 def class_level(method: _Method) -> _Method:
     """Make ``method`` a classmethod, keeping its instance-method type for checkers."""
     return cast("_Method", classmethod(cast("Callable[..., Any]", method)))
+
+
+publish(__name__)

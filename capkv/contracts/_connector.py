@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from typing_extensions import TypeVar
 
+from capkv._homes import publish
 from capkv.contracts._engine import (
     AttentionMetadata,
     BlockIds,
@@ -201,3 +202,6 @@ class SupportsHMA(Protocol[RequestT]):
 @runtime_checkable
 class HMAConnector(KVConnector[RequestT], SupportsHMA[RequestT], Protocol[RequestT]):
     """A connector that is HMA-capable: the bound of an HMA stack's children."""
+
+
+publish(__name__)

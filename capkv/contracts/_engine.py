@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from capkv._homes import publish
+
 __all__ = [
     "AttentionMetadata",
     "BlockIds",
@@ -46,19 +48,24 @@ KVTransferParams = dict[str, Any]
 """Free-form parameters a connector returns from ``request_finished``."""
 
 SchedulerOutput = Any
-"""Opaque: the engine's scheduler output for one step."""
+"""The engine's scheduler output for one step. An alias of ``typing.Any``: opaque to capkv, so vLLM's
+``SchedulerOutput`` (or your engine's) fits; it checks nothing."""
 
 ForwardContext = Any
-"""Opaque: the engine's forward context handed to ``start_load_kv``."""
+"""The engine's forward context handed to ``start_load_kv``. An alias of ``typing.Any``: opaque to capkv;
+it checks nothing."""
 
 AttentionMetadata = Any
-"""Opaque: the engine's attention metadata handed to ``save_kv_layer``."""
+"""The engine's attention metadata handed to ``save_kv_layer``. An alias of ``typing.Any``: opaque to capkv;
+it checks nothing."""
 
 ConnectorMetadata = Any
-"""Opaque: what a connector's scheduler side sends to its worker side."""
+"""What a connector's scheduler side sends to its worker side. An alias of ``typing.Any``: each connector
+defines its own; capkv checks nothing."""
 
 HandshakeMetadata = Any
-"""Opaque: out-of-band handshake data exchanged between peer engines."""
+"""Out-of-band handshake data exchanged between peer engines. An alias of ``typing.Any``: opaque to capkv;
+it checks nothing."""
 
 
 @runtime_checkable
@@ -110,3 +117,6 @@ class KVConnectorOutput:
     invalid_block_ids: Mapping[int, frozenset[int]] = field(
         default_factory=lambda: dict[int, frozenset[int]]()
     )
+
+
+publish(__name__)

@@ -10,13 +10,15 @@ What the spec leaves out (``None``) is not checked.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import cast
-
-import torch
+from typing import TYPE_CHECKING, cast
 
 from capkv.contracts._spec import KVSpec
+from capkv._torch import is_tensor
 from capkv.contracts._violation import contract_error
 from capkv.errors import ContractError
+
+if TYPE_CHECKING:  # a tensor exists only once torch is loaded: capkv._torch
+    import torch
 
 __all__ = ["check_kv_cache_types", "check_kv_caches", "check_kv_tensor"]
 
@@ -29,7 +31,7 @@ def check_kv_tensor(
     group = spec.layer_groups.get(layer_name)
     if group is None and spec.layer_groups:
         raise _unknown_layer(spec, layer_name, connector, method, "layer_name")
-    if not isinstance(tensor, torch.Tensor):
+    if not is_tensor(tensor):
         raise contract_error(
             connector, method, subject, value=tensor, problem=f"is a {type(tensor).__name__}",
             expected="a torch.Tensor", group=group,
@@ -55,7 +57,7 @@ def check_kv_tensor(
     device = spec.device
     if device is not None:
         actual = tensor.device
-        if actual != device and device != torch.device(actual.type):  # "cuda" accepts any cuda:N
+        if actual != device and device != type(actual)(actual.type):  # "cuda" accepts any cuda:N
             raise contract_error(
                 connector, method, subject, value=actual, problem="is its device",
                 expected=f"device {device}", group=group,
@@ -84,7 +86,7 @@ def check_kv_cache_types(
                 connector, method, "kv_caches", value=name, problem=f"is a {type(name).__name__} key",
                 expected="layer names (str) as keys",
             )
-        if not isinstance(tensor, torch.Tensor):
+        if not is_tensor(tensor):
             raise contract_error(
                 connector, method, f"kv_caches[{name!r}]", value=tensor, problem=f"is a {type(tensor).__name__}",
                 expected="a torch.Tensor", group=None if spec is None else spec.layer_groups.get(name),

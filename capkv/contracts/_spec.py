@@ -15,6 +15,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
+from capkv._homes import publish
 from capkv.contracts._arguments import (
     argument_error,
     require_device,
@@ -202,3 +203,5 @@ def _device(device: torch.device | str) -> torch.device:
 
     return torch.device(device)
 
+
+publish(__name__)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import reprlib
 
-import torch
-
+from capkv._torch import is_tensor
 from capkv.errors import ContractError
 
 __all__ = ["contract_error"]
@@ -14,7 +13,7 @@ class _Short(reprlib.Repr):
     """Short reprs; a tensor by its metadata, since printing values would read (and sync) the device."""
 
     def repr1(self, x: object, level: int) -> str:
-        if isinstance(x, torch.Tensor):
+        if is_tensor(x):
             return f"<tensor {tuple(x.shape)} {x.dtype} on {x.device}>"
         return super().repr1(x, level)
 

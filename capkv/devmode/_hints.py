@@ -18,6 +18,7 @@ from typing import Annotated, cast
 
 from beartype.vale import Is
 
+from capkv._homes import publish
 from capkv.contracts._spec import KVSpec
 from capkv.contracts._block_ids import check_block_copies, check_block_groups, check_block_ids
 from capkv.contracts._violation import contract_error
@@ -128,3 +129,6 @@ def _pair(value: object, connector: str, method: str, subject: str, expected: st
     if type(value) is not tuple or len(pair) != 2:
         raise contract_error(connector, method, subject, value=pair, problem="is not a pair", expected=expected)
     return pair[0], pair[1]
+
+
+publish(__name__)

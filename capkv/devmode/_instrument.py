@@ -33,6 +33,7 @@ from typing import Any, TypeVar, cast
 
 from beartype import beartype
 
+from capkv._homes import publish
 from capkv.capabilities._hma import StackNode, describe
 from capkv.contracts._arguments import require_instance
 from capkv.contracts._connector import KVConnector
@@ -266,3 +267,6 @@ CHECKED_METHODS: dict[str, Callable[[_Method, KVSpec, str], _Method]] = {
     name: _checked(name, *contract) for name, contract in _CONTRACTS.items()
 }
 """The transfer calls :func:`instrument` checks, and how it builds each checked method."""
+
+
+publish(__name__)

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Generator
 from contextlib import contextmanager
 
+from capkv._homes import publish
+
 __all__ = [
     "ENV_VAR",
     "check_capkv_types",
@@ -122,3 +124,6 @@ def check_capkv_types() -> None:
     conf = BeartypeConf(violation_type=ContractError, claw_skip_package_names=(*_UNCHECKED, "capkv.mypy"))
     beartype_package("capkv", conf=conf)
     _types_checked = True
+
+
+publish(__name__)

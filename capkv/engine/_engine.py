@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from capkv._homes import publish
 from capkv.capabilities._hma import describe
 from capkv.capabilities._serving import check_stack
 from capkv.contracts._arguments import argument_error, is_finite_number, require_instance, require_int
@@ -194,3 +195,6 @@ class Engine:
 
     def shutdown(self) -> None:
         self.connector.shutdown()
+
+
+publish(__name__)

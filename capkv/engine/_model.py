@@ -15,6 +15,7 @@ from functools import cached_property
 
 import torch
 
+from capkv._homes import publish
 from capkv.contracts._arguments import argument_error, require_dtype, require_instance, require_int, require_optional_int
 from capkv.contracts._spec import KVGroupSpec, KVSpec
 from capkv.errors import ConfigError
@@ -145,3 +146,6 @@ class ModelShape:
             dtype=self.dtype,
             device=torch.device(self.device),
         )
+
+
+publish(__name__)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from capkv._homes import publish
 from capkv.contracts._engine import BlockIds, KVConnectorOutput
 from capkv.engine._request import Request
 
@@ -133,3 +134,6 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, int]
     kv_connector_output: KVConnectorOutput
     load_mismatches: list[Mismatch] = field(default_factory=lambda: list[Mismatch]())
+
+
+publish(__name__, "capkv.testing")

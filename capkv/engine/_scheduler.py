@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from capkv._homes import publish
 from capkv.capabilities._hma import describe
 from capkv.capabilities._serving import finish_request
 from capkv.contracts._connector import KVConnector
@@ -398,3 +399,6 @@ class Scheduler:
             method="get_finished",
             value=request_id,
         )
+
+
+publish(__name__)

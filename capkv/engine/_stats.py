@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import cast
 
+from capkv._homes import publish
+
 __all__ = ["EngineStats", "GroupStats"]
 
 
@@ -108,3 +110,6 @@ def _counter(stats: object, name: str) -> int | None:
         return sum(found) if found else None
     value = getattr(stats, name, None)
     return value if isinstance(value, int) else None
+
+
+publish(__name__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from capkv._homes import publish
 from capkv.engine._compute import KVFunction
 from capkv.engine._kv_cache import PagedKVCache
 from capkv.engine._model import GroupLayout
@@ -91,3 +92,6 @@ class Verifier:
                 if found:
                     return found[0]
         return None
+
+
+publish(__name__)

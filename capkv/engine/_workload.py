@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from capkv._homes import publish
 from capkv.contracts._arguments import require_int
 from capkv.engine._request import Request
 from capkv.errors import ConfigError
@@ -75,3 +76,6 @@ class Workload:
     @property
     def prompt_tokens(self) -> int:
         return self.num_requests * (self.prefix_len + self.suffix_len)
+
+
+publish(__name__)

@@ -30,3 +30,5 @@ if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
             "capkv.stores._memory": ["MemoryBackend"],
         },
     )
+
+del TYPE_CHECKING, attach  # dir(), vars(): the front's names only

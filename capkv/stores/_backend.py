@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from capkv._homes import publish
 from capkv.stores._keys import BlockKey
 
 __all__ = ["Backend", "PinningBackend", "ReadsInto", "StoreKey"]
@@ -113,3 +114,6 @@ class PinningBackend(Protocol):
         ...
 
     def unpin(self, keys: Sequence[StoreKey], /) -> None: ...
+
+
+publish(__name__)

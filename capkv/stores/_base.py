@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Self
 
+from capkv._homes import publish
 from capkv.stores._keys import PrefixHasher
 from capkv.stores._metadata import SaveReport, StoreMetadata
 from capkv.stores._scheduler import StoreIndex, StoreScheduler
@@ -230,3 +231,6 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+
+publish(__name__, "capkv.connectors")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from capkv._homes import publish
 from capkv.contracts._arguments import argument_error, require_str
 from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVTransferParams
 from capkv.contracts._spec import KVSpec
@@ -73,3 +74,6 @@ class StoreConnector(PrefixStoreConnector):
     ) -> tuple[bool, KVTransferParams | None]:
         """Save the request's computed full blocks not saved yet; hold them until they are gathered."""
         return self._finish(request, block_ids, "request_finished_all_groups")
+
+
+publish(__name__)

@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from capkv._homes import publish
+
 __all__ = ["GroupGeometry", "longest_hit"]
 
 
@@ -61,3 +63,6 @@ def longest_hit(
         if all(all(present(i, b) for b in g.needed(start, end)) for i, g in windowed):
             return end
     return start
+
+
+publish(__name__, "capkv.connectors")

@@ -17,6 +17,7 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from capkv._homes import publish
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ContractError
 
@@ -102,3 +103,6 @@ class RequestKeys:
 
 def _without(shape: tuple[int, ...] | None, dim: int) -> tuple[int, ...] | None:
     return None if shape is None else shape[:dim] + shape[dim + 1 :]
+
+
+publish(__name__, "capkv.connectors")

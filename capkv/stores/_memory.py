@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from capkv._homes import publish
 from capkv.stores._backend import StoreKey
 
 __all__ = ["MemoryBackend"]
@@ -54,3 +55,6 @@ class MemoryBackend:
         with self._lock:
             self.values.clear()
             self._nbytes = 0
+
+
+publish(__name__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from capkv._homes import publish
 from capkv.stores._keys import BlockKey
 from capkv.errors import MetadataError
 
@@ -86,3 +87,6 @@ class SaveReport:
         mine, theirs = self.loaded_through, other.loaded_through
         loaded = None if mine is None or theirs is None else min(mine, theirs)  # a later report covers it
         return SaveReport((self.stored | other.stored) - failed, failed, loaded, self.layout or other.layout)
+
+
+publish(__name__, "capkv.connectors")

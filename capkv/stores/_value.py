@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from capkv.stores._backend import StoreKey
-from capkv.stores._checksum import CHECKSUM_SIZE, payload_checksums
+from capkv.stores._checksum import CHECKSUM_SIZE, block_identity, payload_checksums
 from capkv.stores._keys import DIGEST_SIZE, BlockKey
 
 if TYPE_CHECKING:
@@ -47,7 +47,8 @@ LAYOUT_SIZE = 16
 """Bytes of the layout fingerprint in a key and a header."""
 
 _MAGIC = b"CKVB"
-_VERSION = 1
+_VERSION = 2
+"""2: XXH3-128 bound to key and layout (1 had a position-weighted sum); values of version 1 are misses."""
 _HEADER = struct.Struct(f"<4sHHII{DIGEST_SIZE}s{LAYOUT_SIZE}s{CHECKSUM_SIZE}s")
 HEADER_SIZE = _HEADER.size
 """Bytes before the payload (64)."""
@@ -102,7 +103,7 @@ def seal_values(rows: torch.Tensor, keys: Sequence[StoreKey]) -> list[memoryview
     """Write each row's header in front of its payload (``rows[i, HEADER_SIZE:]``, gathered already);
     the values, one memoryview per row, in order."""
     payload = rows.shape[1] - HEADER_SIZE
-    sums = payload_checksums(rows[:, HEADER_SIZE:])
+    sums = payload_checksums(rows[:, HEADER_SIZE:], [block_identity(key.block, key.layout) for key in keys])
     values: list[memoryview] = []
     for index, (key, checksum) in enumerate(zip(keys, sums, strict=True)):
         row = row_memory(rows[index])
@@ -138,7 +139,8 @@ def check_values(rows: torch.Tensor, keys: Sequence[StoreKey], lengths: Sequence
         payloads = rows[:, HEADER_SIZE:]
         if len(candidates) != len(keys):
             payloads = payloads[candidates]
-        for index, stored, actual in zip(candidates, claimed, payload_checksums(payloads), strict=True):
+        identities = [block_identity(keys[index].block, keys[index].layout) for index in candidates]
+        for index, stored, actual in zip(candidates, claimed, payload_checksums(payloads, identities), strict=True):
             if stored != actual:
                 results[index] = ValueCheck.DAMAGED
     return results

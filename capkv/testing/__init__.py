@@ -63,3 +63,5 @@ if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)
             "capkv.testing._report": ["ConformanceFailure", "ConformanceReport", "ScenarioResult"],
         },
     )
+
+del TYPE_CHECKING, attach  # dir(), vars(): the front's names only

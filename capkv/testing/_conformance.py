@@ -28,6 +28,7 @@ from typing import Any, cast
 
 import torch
 
+from capkv._homes import publish
 from capkv.capabilities._hma import describe, supports_hma
 from capkv.composite._multi import MultiConnector
 from capkv.connectors._cpu_offload import CPUOffloadConnector
@@ -329,3 +330,6 @@ def _torch_threads(count: int) -> Generator[None]:
         yield
     finally:
         torch.set_num_threads(saved)
+
+
+publish(__name__)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from capkv._homes import publish
 from capkv.engine._model import ModelShape
 from capkv.engine._workload import Workload
 
@@ -49,3 +50,6 @@ def describe_layout(shape: ModelShape) -> str:
     count = len(shape.groups)
     dtype = str(shape.dtype).removeprefix("torch.")
     return f"{count} group{'s' if count > 1 else ''} ({kinds}), blocks {blocks}, {dtype}"
+
+
+publish(__name__)

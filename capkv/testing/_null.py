@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from capkv._homes import publish
 from capkv.contracts._base import KVConnectorBase
 from capkv.contracts._engine import (
     AttentionMetadata,
@@ -191,3 +192,6 @@ class HMANullConnector(NullConnector):
     ) -> tuple[bool, KVTransferParams | None]:
         self._record("request_finished_all_groups", request, block_ids)
         return self.delay_free, self.params
+
+
+publish(__name__)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from capkv._homes import publish
 from capkv.contracts._engine import BlockIds
 from capkv.contracts._spec import KVSpec
 from capkv.engine._outputs import ForwardContext, LoadCheck, ScheduledRequest, SchedulerOutput
@@ -109,3 +110,6 @@ def kv_caches(spec: KVSpec, *, fill: float | None = None) -> dict[str, torch.Ten
                 tensor = values.remainder(2.0**11).to(dtype).reshape(shape).to(spec.device)
             caches[name] = tensor
     return caches
+
+
+publish(__name__)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from capkv._homes import publish
+
 __all__ = ["ConformanceFailure", "ConformanceReport", "ScenarioResult"]
 
 
@@ -71,3 +73,6 @@ class ConformanceFailure(AssertionError):
     def __init__(self, report: ConformanceReport) -> None:
         super().__init__(str(report))
         self.report = report
+
+
+publish(__name__)

@@ -17,9 +17,9 @@ it as it is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import torch
-
+from capkv._homes import publish
 from capkv.contracts._spec import KVSpec
 from capkv.contracts._block_ids import check_pool_ids
 from capkv.errors import ConfigError, ContractError
@@ -28,6 +28,11 @@ from capkv.transfer._cuda import DEFAULT_STAGING_BYTES, CudaCopies
 from capkv.transfer._handle import FINISHED, CopyHandle
 from capkv.transfer._layout import GroupRuns, KVLayout
 from capkv.transfer._runs import storage_words, widest_word
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
 __all__ = ["BlockCopier"]
 
@@ -147,3 +152,6 @@ class BlockCopier:
 
 def _is_index(value: object, size: int) -> bool:
     return type(value) is int and 0 <= value < size
+
+
+publish(__name__)

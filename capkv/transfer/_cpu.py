@@ -9,10 +9,15 @@ bytes (``capkv bench transfer`` measures it).
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from capkv.transfer._handle import FINISHED, CopyHandle
 from capkv.transfer._layout import GroupRuns
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
 __all__ = ["CpuCopies"]
 

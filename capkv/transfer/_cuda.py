@@ -13,10 +13,15 @@ only ever reuses its memory in that stream's order.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from capkv.transfer._handle import CopyHandle, CudaEventCopy
 from capkv.transfer._layout import GroupRuns
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
 __all__ = ["DEFAULT_STAGING_BYTES", "CudaCopies", "chunk_spans"]
 

@@ -8,9 +8,14 @@ written once: poll :meth:`CopyHandle.done` to report finished saves, call
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import torch
+from capkv._homes import publish
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
 __all__ = ["FINISHED", "AllCopies", "CopyHandle", "CudaEventCopy", "FinishedCopy", "all_of"]
 
@@ -110,3 +115,6 @@ def all_of(handles: list[CopyHandle]) -> CopyHandle:
     if len(handles) == 1:
         return handles[0]
     return AllCopies(tuple(handles))
+
+
+publish(__name__)

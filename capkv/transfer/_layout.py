@@ -11,14 +11,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
+from capkv._homes import publish
 from capkv.contracts._arguments import require_instance
 from capkv.contracts._kv_tensors import check_kv_cache_types
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.transfer._runs import LayerRuns, layer_runs, widest_word
+
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
 __all__ = ["GroupRuns", "KVLayout", "spec_block_nbytes"]
 
@@ -191,3 +196,6 @@ def _same_device(said: torch.device, actual: torch.device) -> bool:
     if said.type != actual.type:
         return False
     return ":" not in str(said) or ":" not in str(actual) or str(said) == str(actual)
+
+
+publish(__name__)

@@ -17,22 +17,44 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import cached_property
-
-import torch
+from functools import cache, cached_property
+from typing import TYPE_CHECKING
 
 from capkv.errors import ConfigError
 
-__all__ = ["WORD_DTYPES", "LayerRuns", "layer_runs", "storage_words", "widest_word"]
+if TYPE_CHECKING:
+    import torch
+else:  # torch loads with the first tensor operation, not with this module
+    from capkv._torch import torch
 
-WORD_DTYPES: dict[int, torch.dtype] = {
-    16: torch.complex128,
-    8: torch.int64,
-    4: torch.int32,
-    2: torch.int16,
-    1: torch.uint8,
-}
-"""Word size in bytes -> a dtype of that size, widest first."""
+__all__ = ["WORD_SIZES", "LayerRuns", "layer_runs", "storage_words", "widest_word", "word_dtype"]
+
+WORD_SIZES = (16, 8, 4, 2, 1)
+"""The word sizes copies use, in bytes, widest first."""
+
+_WORD_DTYPE_NAMES = {16: "complex128", 8: "int64", 4: "int32", 2: "int16", 1: "uint8"}
+
+
+def word_dtype(word: int) -> torch.dtype:
+    """A dtype ``word`` bytes wide (a copy moves raw words: the dtype only sets the width)."""
+    dtype: torch.dtype = getattr(torch, _WORD_DTYPE_NAMES[word])
+    return dtype
+
+
+@cache
+def _word_dtypes() -> dict[int, torch.dtype]:
+    return {word: word_dtype(word) for word in WORD_SIZES}
+
+
+if TYPE_CHECKING:
+    WORD_DTYPES: dict[int, torch.dtype]
+    """capkv 0.1.0's word size -> dtype table (``capkv.transfer.runs.WORD_DTYPES``, deprecated)."""
+else:
+
+    def __getattr__(name: str) -> object:
+        if name == "WORD_DTYPES":  # built when first read, since it needs torch
+            return _word_dtypes()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def widest_word(*byte_quantities: int) -> int:
@@ -40,14 +62,14 @@ def widest_word(*byte_quantities: int) -> int:
     common = 0
     for quantity in byte_quantities:
         common = math.gcd(common, quantity)
-    return next((word for word in WORD_DTYPES if common % word == 0), 1)
+    return next((word for word in WORD_SIZES if common % word == 0), 1)
 
 
 def storage_words(tensor: torch.Tensor, word: int) -> torch.Tensor:
     """The whole storage under ``tensor`` as a 1-D tensor of ``word``-byte elements."""
     raw = torch.empty(0, dtype=torch.uint8, device=tensor.device)
     raw.set_(tensor.untyped_storage())
-    return raw[: raw.numel() // word * word].view(WORD_DTYPES[word])
+    return raw[: raw.numel() // word * word].view(word_dtype(word))
 
 
 @dataclass(frozen=True, eq=False)

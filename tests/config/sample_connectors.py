@@ -119,3 +119,22 @@ def _class_level_fakes() -> dict[str, type[Plain]]:
 FIXED = _class_level_fakes()
 """Class-level fakes by name, also importable as module attributes."""
 globals().update(FIXED)
+
+
+class BrokenConnector(HMA):
+    """Its constructor fails: a stack naming it fails half way through its build."""
+
+    def __init__(self) -> None:
+        raise RuntimeError("cannot reach the backing service")
+
+
+class ShutdownRecorder(HMA):
+    """Records each instance shut down (class-level), for the failed-build tests."""
+
+    shut_down: list[ShutdownRecorder] = []
+
+    def __init__(self) -> None:
+        super().__init__("recorder")
+
+    def shutdown(self) -> None:
+        ShutdownRecorder.shut_down.append(self)

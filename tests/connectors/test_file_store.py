@@ -33,7 +33,7 @@ from capkv.connectors._block_file import (
     write_pack,
 )
 from capkv.stores import StoreKey
-from capkv.stores._checksum import payload_checksums
+from capkv.stores._checksum import block_identity, payload_checksums
 from capkv.stores._keys import BlockKey
 from capkv.stores._value import ValueCheck, check_values, row_memory
 from tests.connectors.conftest import tokens
@@ -170,7 +170,7 @@ def test_a_pack_is_values_back_to_back_and_reads_them_back(tmp_path: Path) -> No
     keys = [BlockKey(1, b"k" * 16), BlockKey(0, b"o" * 16)]
     layout = b"f" * 16
     payloads = torch.arange(2 * 1024, dtype=torch.int64).remainder(251).to(torch.uint8).view(2, 1024)
-    sums = payload_checksums(payloads)
+    sums = payload_checksums(payloads, [block_identity(k, layout) for k in keys])
     name, records = write_pack(
         tmp_path, [PackRecord(k, layout, row_memory(payloads[i]), sums[i]) for i, k in enumerate(keys)]
     )
@@ -278,4 +278,5 @@ def test_two_stores_sharing_a_root_evict_each_others_packs_safely(tmp_path: Path
             old = reader.run(f"old{index}", prompts[0] + [2])  # evicted long ago, or still open
             outcomes.append((old.hit_tokens, sum(len(ids) for ids in old.load_errors.values())))
             assert sum(p.stat().st_size for p in tmp_path.glob("*.kvpack")) <= capacity + 8 * 16 * 1024
-        assert any(errors or not hit for hit, errors in outcomes[2:])  # the first prompt's packs did go
+        assert one.catalog.evictions + two.catalog.evictions > 0  # bounded by evicting, not by luck
+        assert all(errors == 0 for _, errors in outcomes)  # leased packs are never taken from a load

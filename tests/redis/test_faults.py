@@ -10,6 +10,7 @@ import pytest
 
 from capkv.connectors import RedisStoreConnector
 from capkv.stores import StoreKey
+from capkv.stores._checksum import CHECKSUM_SIZE
 from capkv.stores._value import HEADER_SIZE, ValueCheck, check_value, pack_header
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine
@@ -169,6 +170,32 @@ def test_a_damaged_value_is_a_load_error_and_removed(redis_server: RedisServer) 
     # Removed, recomputed, and saved again: the value under the key is whole once more.
     engine.connector.flush()
     assert check_value(_get(redis_server, name.encode()), StoreKey(key, fingerprint(engine, 0), HEADER_SIZE + 2048)) is ValueCheck.OK
+
+
+@pytest.mark.parametrize("pattern", ["two-bit", "spliced", "swapped"])
+def test_damage_patterns_in_a_real_server_are_never_loaded(redis_server: RedisServer, pattern: str) -> None:
+    """Values damaged in place on the server: two top bits flipped, another block's checksum and
+    payload under this block's header, or two blocks' values swapped. A reader loads none of them."""
+    stored(redis_server)
+    engine = MiniEngine(make_spec(WINDOWED, num_blocks=64), connector(redis_server), seed=3)
+    first, second = _keys(engine, PROMPT, group=0)[1:3]
+    one, two = engine.connector.key_name(first), engine.connector.key_name(second)
+    a, b = _get(redis_server, one), _get(redis_server, two)
+    if pattern == "two-bit":
+        damaged = bytearray(a)
+        damaged[HEADER_SIZE + 3 * 8 + 7] ^= 0x80
+        damaged[HEADER_SIZE + 17 * 8 + 7] ^= 0x80
+        _set(redis_server, one, bytes(damaged))
+    elif pattern == "spliced":
+        checksum_at = HEADER_SIZE - CHECKSUM_SIZE  # the key, layout and length come before it
+        _set(redis_server, one, a[:checksum_at] + b[checksum_at:])
+    else:
+        _set(redis_server, one, b)
+        _set(redis_server, two, a)
+    run = engine.run("damaged", PROMPT + [1])  # raises on any wrong byte
+    bad = {run.blocks[0][1]} | ({run.blocks[0][2]} if pattern == "swapped" else set())
+    assert run.hit_tokens == 96 and run.load_errors == {0: bad}
+    assert engine.connector._store.damaged_values == len(bad)
 
 
 def test_a_truncated_value_is_a_miss_at_lookup(redis_server: RedisServer) -> None:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from capkv.stores import StoreKey
-from capkv.stores._checksum import payload_checksums
+from capkv.stores._checksum import CHECKSUM_SIZE, block_identity, checksum, payload_checksums
 from capkv.stores._keys import BlockKey
-from capkv.stores._value import HEADER_SIZE, ValueCheck, check_value, check_values, pack_header, seal_values
+from capkv.stores._value import HEADER_SIZE, ValueCheck, check_value, check_values, pack_header, row_memory, seal_values
 
 KEY = BlockKey(1, bytes(range(16)))
 LAYOUT = b"L" * 16
@@ -20,7 +20,9 @@ STORE_KEY = StoreKey(KEY, LAYOUT, HEADER_SIZE + len(PAYLOAD))
 
 
 def value(key: BlockKey = KEY, layout: bytes = LAYOUT, payload: bytes = PAYLOAD) -> bytes:
-    (checksum,) = payload_checksums(torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(1, -1))
+    (checksum,) = payload_checksums(
+        torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(1, -1), [block_identity(key, layout)]
+    )
     return pack_header(key, layout, len(payload), checksum) + payload
 
 
@@ -78,30 +80,59 @@ def test_another_layouts_value_is_foreign_never_loaded() -> None:
 
 def test_another_format_version_is_foreign() -> None:
     newer = bytearray(value())
-    struct.pack_into("<H", newer, 4, 2)
+    struct.pack_into("<H", newer, 4, 3)
     assert check(bytes(newer)) is ValueCheck.FOREIGN
+    older = bytearray(value())
+    struct.pack_into("<H", older, 4, 1)  # version 1: a position-weighted sum, never misread as this one
+    assert check(bytes(older)) is ValueCheck.FOREIGN
 
 
-def test_the_checksum_sees_every_bit_flip_and_moved_words() -> None:
+def _sums(rows: torch.Tensor, identity: bytes = b"i") -> list[bytes]:
+    return payload_checksums(rows, [identity] * rows.shape[0])
+
+
+def test_the_checksum_sees_every_damage_pattern() -> None:
     generator = torch.Generator().manual_seed(1)
-    block = torch.randint(0, 256, (1, 4096), dtype=torch.uint8, generator=generator)
-    (base,) = payload_checksums(block)
-    for bit in range(0, 4096 * 8, 97):
+    block = torch.randint(0, 256, (1, 32 << 10), dtype=torch.uint8, generator=generator)
+    (base,) = _sums(block)
+    assert len(base) == CHECKSUM_SIZE and checksum(row_memory(block[0]), b"i") == base
+    for bit in range(0, block.numel() * 8, 61):  # single bits across the block
         flipped = block.clone()
         flipped[0, bit // 8] ^= 1 << (bit % 8)
-        assert payload_checksums(flipped)[0] != base
+        assert _sums(flipped)[0] != base
+    for i, j in ((0, 1), (3, 17), (0, 4095), (100, 101)):  # two top bits: what a weighted sum mod 2**64 misses
+        flipped = block.clone()
+        flipped[0, i * 8 + 7] ^= 0x80
+        flipped[0, j * 8 + 7] ^= 0x80
+        assert _sums(flipped)[0] != base
     words = block.view(torch.int64)
     for i, j in ((0, 1), (0, 64), (3, 200), (100, 101), (5, 69)):
         swapped = words.clone()
         swapped[0, i], swapped[0, j] = words[0, j].item(), words[0, i].item()
-        assert payload_checksums(swapped.view(torch.uint8))[0] != base
-    assert payload_checksums(torch.zeros_like(block))[0] != base
+        assert _sums(swapped.view(torch.uint8))[0] != base
+    assert _sums(torch.zeros_like(block))[0] != base
+    assert _sums(torch.roll(block, 4096, dims=1))[0] != base  # a shifted sector
     odd = torch.randint(0, 256, (2, 1001), dtype=torch.uint8, generator=generator)  # not whole words
-    assert len(set(payload_checksums(odd))) == 2
+    assert len(set(_sums(odd))) == 2
+
+
+def test_the_checksum_is_bound_to_the_key_and_layout() -> None:
+    """The same bytes under another key or layout have another checksum: a payload that arrives whole,
+    with its own checksum, under another block's header is damage."""
+    payload = torch.frombuffer(bytearray(PAYLOAD), dtype=torch.uint8).view(1, -1)
+    identities = [
+        block_identity(KEY, LAYOUT), block_identity(BlockKey(0, KEY.digest), LAYOUT),
+        block_identity(BlockKey(1, bytes(16)), LAYOUT), block_identity(KEY, b"M" * 16),
+    ]
+    assert len({payload_checksums(payload, [identity])[0] for identity in identities}) == len(identities)
+    other = value(key=BlockKey(1, bytes(16)), payload=bytes(reversed(PAYLOAD)))
+    checksum_at = HEADER_SIZE - CHECKSUM_SIZE
+    spliced = value()[:checksum_at] + other[checksum_at:]  # this key's header, another value's checksum and bytes
+    assert check(spliced) is ValueCheck.DAMAGED
 
 
 def test_checksums_of_rows_inside_wider_rows_are_the_payloads_own() -> None:
     """The store checksums ``rows[:, HEADER_SIZE:]`` in place: a strided view must give the same answer."""
     generator = torch.Generator().manual_seed(2)
     rows = torch.randint(0, 256, (3, HEADER_SIZE + 2048), dtype=torch.uint8, generator=generator)
-    assert payload_checksums(rows[:, HEADER_SIZE:]) == payload_checksums(rows[:, HEADER_SIZE:].contiguous())
+    assert _sums(rows[:, HEADER_SIZE:]) == _sums(rows[:, HEADER_SIZE:].contiguous())

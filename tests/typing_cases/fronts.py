@@ -1,7 +1,9 @@
 """The lazy fronts type exactly: every export has its real type, and a name a front lacks is an error.
 
 The fronts resolve names at run time with a module ``__getattr__`` that type
-checkers never see (it would make every misspelling ``Any``).
+checkers never see (it would make every misspelling ``Any``). Names capkv 0.1.0
+exported and 0.2.0 moved (``capkv.instrument``) still type-check, as deprecated:
+``tests/test_deprecations.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,6 @@ assert_type(ModelShape, type[ModelShape])
 
 capkv.KVSpecs  # expect-error
 capkv.connectors.CPUOffload  # expect-error
-capkv.instrument  # expect-error
-from capkv.engine import Request  # expect-error
-from capkv.devmode import check_block_ids  # expect-error
+capkv.instrumented  # expect-error
+from capkv.engine import Requests  # expect-error
+from capkv.devmode import check_block_id  # expect-error

@@ -37,6 +37,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
+from capkv._homes import publish
 from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID, VllmBlockIds, attribute_load_errors
 from capkv.capabilities._hma import StackNode
 from capkv.composite._native import NativeCalls
@@ -394,3 +395,6 @@ def wrap(
 
 wrap_vllm_connector = wrap
 """The name the host's builder used first."""
+
+
+publish(__name__, "capkv.vllm")

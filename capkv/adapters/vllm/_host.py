@@ -47,12 +47,14 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
+from capkv._homes import publish
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE
 from capkv.capabilities._serving import check_stack, finish_request
 from capkv.config._hosts import HMA_HOST, PLAIN_HOST, require_host_capability, stack_config
 from capkv.adapters.vllm._child import vllm_connectors
 from capkv.adapters.vllm._spec import engine_spec, registered_caches
 from capkv.adapters.vllm._stack import Engine, build_hosted, configured_fact, load_hosted
+from capkv.config._build import closed_on_error
 from capkv.adapters.vllm._translate import (
     CapkvStats,
     HostHandshake,
@@ -94,17 +96,18 @@ class CapkvConnector(KVConnectorBase_V1):
         require_host_capability(host, configured)  # from the classes, before anything is built
         self.spec = engine_spec(kv_cache_config, owner=host)
         built = build_hosted(configured, Engine(vllm_config, role, kv_cache_config, self.spec))
-        require_host_capability(host, built)  # the built children have the last word
-        check_stack(built, self.spec)
-        told = configured_fact(configured, LAYOUT, vllm_config=vllm_config)
-        needed = cast("KVConnector", built).get_required_kvcache_layout()
-        if needed is not None and needed != told:
-            raise ConflictError(
-                f"{host}: the stack needs the {needed!r} KV-cache layout, but its classes told vLLM "
-                f"{'nothing' if told in (None, NEEDS_INSTANCE) else repr(told)} when vLLM chose its layout; "
-                "declare the layout class-level (@capkv.class_level) in the child that needs it",
-                connector=host, method="get_required_kvcache_layout", value=needed,
-            )
+        with closed_on_error([built]):  # a stack refused here leaves no writer thread behind
+            require_host_capability(host, built)  # the built children have the last word
+            check_stack(built, self.spec)
+            told = configured_fact(configured, LAYOUT, vllm_config=vllm_config)
+            needed = cast("KVConnector", built).get_required_kvcache_layout()
+            if needed is not None and needed != told:
+                raise ConflictError(
+                    f"{host}: the stack needs the {needed!r} KV-cache layout, but its classes told vLLM "
+                    f"{'nothing' if told in (None, NEEDS_INSTANCE) else repr(told)} when vLLM chose its layout; "
+                    "declare the layout class-level (@capkv.class_level) in the child that needs it",
+                    connector=host, method="get_required_kvcache_layout", value=needed,
+                )
         self.stack = instrument(cast("KVConnector", built), self.spec)
         self._vllm_children = vllm_connectors(built)
         """vLLM's connectors in the stack: the calls capkv's contract has no member for go to them."""
@@ -309,3 +312,6 @@ class CapkvHMAConnector(CapkvConnector, SupportsHMA):
         self._loading.forget(request.request_id)
         groups: BlockIds = tuple(list(ids) for ids in block_ids)
         return finish_request(self.stack, request, groups)
+
+
+publish(__name__, "capkv.vllm")

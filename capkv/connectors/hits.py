@@ -1,0 +1,25 @@
+"""capkv 0.1.0's ``capkv.connectors.hits``, deprecated: kept until capkv 0.3.0.
+
+Its public names are imported from :mod:`capkv.connectors` now. Reading a name here warns with its
+new home (the table: :mod:`capkv._deprecations`).
+"""
+
+from typing import TYPE_CHECKING
+
+from capkv._lazy import deprecated_module
+
+if TYPE_CHECKING:
+    from typing_extensions import deprecated
+
+    from capkv._deprecations import signature_of
+    from capkv.stores import _hits
+    from capkv.stores._hits import GroupGeometry as GroupGeometry
+
+    @deprecated("capkv.connectors.hits.longest_hit is deprecated (capkv 0.2.0, removed in 0.3.0): use capkv.connectors.longest_hit")
+    @signature_of(_hits.longest_hit)
+    def longest_hit() -> None: ...
+
+__all__: list[str] = []
+
+if not TYPE_CHECKING:  # each name read with a DeprecationWarning (or, if gone, an ImportError)
+    __getattr__, __dir__ = deprecated_module(__name__)

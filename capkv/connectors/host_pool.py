@@ -1,0 +1,17 @@
+"""capkv 0.1.0's ``capkv.connectors.host_pool``, deprecated: kept until capkv 0.3.0.
+
+Its names are internal to capkv now. Reading a name here warns with its new home (the table:
+:mod:`capkv._deprecations`).
+"""
+
+from typing import TYPE_CHECKING
+
+from capkv._lazy import deprecated_module
+
+if TYPE_CHECKING:
+    from capkv.connectors._host_pool import HostPoolIndex as HostPoolIndex
+
+__all__: list[str] = []
+
+if not TYPE_CHECKING:  # each name read with a DeprecationWarning (or, if gone, an ImportError)
+    __getattr__, __dir__ = deprecated_module(__name__)

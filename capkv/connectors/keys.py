@@ -1,0 +1,20 @@
+"""capkv 0.1.0's ``capkv.connectors.keys``, deprecated: kept until capkv 0.3.0.
+
+Its public names are imported from :mod:`capkv.connectors` now; its other names are internal.
+Reading a name here warns with its new home (the table: :mod:`capkv._deprecations`).
+"""
+
+from typing import TYPE_CHECKING
+
+from capkv._lazy import deprecated_module
+
+if TYPE_CHECKING:
+    from capkv.stores._keys import BlockKey as BlockKey
+    from capkv.stores._keys import DIGEST_SIZE as DIGEST_SIZE
+    from capkv.stores._keys import PrefixHasher as PrefixHasher
+    from capkv.stores._keys import RequestKeys as RequestKeys
+
+__all__: list[str] = []
+
+if not TYPE_CHECKING:  # each name read with a DeprecationWarning (or, if gone, an ImportError)
+    __getattr__, __dir__ = deprecated_module(__name__)
