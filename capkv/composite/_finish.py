@@ -13,14 +13,12 @@ would free them under a running copy.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from capkv.composite._fanout import Failures, bad_answer
+from capkv.composite._plan import Plan
 from capkv.contracts._engine import KVTransferParams, Request
 from capkv.errors import ConflictError, FinishError
-
-if TYPE_CHECKING:
-    from capkv.composite._state import Plan
 
 __all__ = ["FinishResult", "FinishRoutine", "Finisher"]
 

@@ -14,7 +14,8 @@ from capkv.composite._agreement import agreed_finished_count, agreed_layout, pie
 from capkv.composite._fanout import ATTACHED, HELD, TOLD, Failures, bad_answer, failure
 from capkv.composite._finish import FinishResult, FinishRoutine
 from capkv.composite._metadata import NOT_BUILT, Book, MultiConnectorMetadata, MultiWorkerMetadata
-from capkv.composite._state import UNSET, Slice, StackState
+from capkv.composite._plan import Slice
+from capkv.composite._state import UNSET, StackState
 from capkv.contracts._engine import BlockIds, HandshakeMetadata, KVConnectorOutput, Request, SchedulerOutput
 from capkv.errors import ContractError, SubConnectorError
 

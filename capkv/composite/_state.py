@@ -20,18 +20,15 @@ from capkv.composite._fanout import TOLD, Failures, bad_answer, failure
 from capkv.composite._finish import Finisher
 from capkv.composite._metadata import Book, MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.composite._native import native_calls
+from capkv.composite._plan import Plan
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import LoadErrors, Request, WorkerMetadata
 from capkv.contracts._spec import KVSpec
 from capkv.contracts._tiers import KnowsFailedLoads, KnowsForeignLoads, loads_slices
 from capkv.errors import MetadataError
 
-__all__ = ["UNSET", "ForeignLoads", "NativeStack", "Plan", "Slice", "StackState"]
+__all__ = ["UNSET", "ForeignLoads", "NativeStack", "StackState"]
 
-Slice = tuple[int, int, int, bool]
-"""One child's part of a composed hit: ``(child index, first token, tokens, load_async)``."""
-Plan = tuple[int, tuple[Slice, ...]]
-"""A request's composed hit, until the engine allocates it: ``(local hit, slices in token order)``."""
 ForeignLoads = Callable[[Request, int, int, bool], None]
 """A child's ``loaded_elsewhere`` (see :class:`~capkv.contracts._tiers.KnowsForeignLoads`)."""
 NativeStack = tuple[
