@@ -15,7 +15,11 @@ at finish, metadata lists them, finished sets are reported).
 
 Run in an environment with vLLM: ``python benchmarks/vllm_multi_side_by_side.py``.
 Prints ns/call for both and capkv/vLLM (goal: <= 0.8 on every method), and, to tell the composite's
-cost from the adapter's, capkv's MultiConnector over the same bookkeeping written to capkv's contract.
+cost from the adapter's, capkv's MultiConnector over the same bookkeeping written to capkv's contract
+(children that load slices: the composition rule at work). vLLM's connectors do not load slices, so a stack
+of them composes by the first-hit rule; the host hands the stack vLLM's blocks and output inside capkv's
+(``block_ids_from_vllm``, ``VllmOutputCarrier``), and the stack passes them to the wrapped children once.
+The shared machine is noisy: run it several times and compare medians.
 """
 
 from __future__ import annotations
@@ -144,7 +148,12 @@ class BookkeepingChild(EmptyChild):
 
 
 class NativeEmpty(capkv.KVConnectorBase[Any]):
-    """EmptyChild written to capkv's contract: what the composite costs without the adapter."""
+    """EmptyChild written to capkv's contract: what the composite costs without the adapter. It loads
+    slices (``loads_slices``), so the stack asks it beyond what earlier children load: composition on."""
+
+    @capkv.class_level
+    def loads_slices(cls) -> bool:
+        return True
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int, /) -> tuple[int | None, bool]:
         return 0, False

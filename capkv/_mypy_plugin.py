@@ -25,7 +25,7 @@ from mypy.plugin import (  # isort: skip
     ReportConfigContext,
 )
 from mypy.errorcodes import ErrorCode
-from mypy.nodes import ARG_POS, ARG_STAR, CallExpr, Context, Expression, MypyFile, RefExpr
+from mypy.nodes import ARG_NAMED, ARG_POS, ARG_STAR, CallExpr, Context, Expression, MypyFile, RefExpr
 from mypy.options import Options
 from mypy.traverser import NameAndMemberCollector
 from mypy.types import (
@@ -45,6 +45,7 @@ from capkv._mypy_conformance import member_differences
 from capkv._mypy_rule import CONNECTOR, HMA_STACK, StackRule, has_unpack, type_name
 from capkv.capabilities import _hma
 from capkv.capabilities._hma import HMA_METHOD, explain_not_hma
+from capkv.composite._options import STACK_OPTIONS
 
 __all__ = ["CAPKV_CONNECTOR", "CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"]
 
@@ -116,9 +117,9 @@ class CapkvPlugin(Plugin):
         labels: list[str] = []  # how an error names each child: by position while positions are known
         exact = True
         options = False  # keyword arguments: a subclass's own options, not children
-        for expr, kind in zip(call.args, call.arg_kinds):
+        for expr, kind, name in zip(call.args, call.arg_kinds, call.arg_names):
             if kind not in (ARG_POS, ARG_STAR):
-                options = True
+                options = options or name not in STACK_OPTIONS  # the stack's own option is no subclass's
                 continue
             typ = by_expr.get(id(expr))
             proper = get_proper_type(typ) if typ is not None else None
@@ -220,15 +221,16 @@ class CapkvPlugin(Plugin):
         receiver = self._is_receiver(api, call)
         if not receiver and not self._rule.requires_hma(context, None):
             return None
-        if any(kind != ARG_POS for kind in call.arg_kinds):
-            return None  # unpacked children have no positions to name: mypy's message stands
-        formals = signature.arg_types
+        args = _children_args(call)
+        if args is None:
+            return None  # unpacked children have no positions to name (or a subclass's options): mypy's message stands
+        formals = [typ for typ, kind in zip(signature.arg_types, signature.arg_kinds) if kind in (ARG_POS, ARG_STAR)]
         self._evaluating += 1
         try:
             with api.msg.filter_errors():
                 children = [
                     self._child_type(api, arg, formals[min(index, len(formals) - 1)])
-                    for index, arg in enumerate(call.args)
+                    for index, arg in enumerate(args)
                 ]
         finally:
             self._evaluating -= 1
@@ -249,14 +251,9 @@ class CapkvPlugin(Plugin):
         overloads once more per level; the rule gives the same type directly.
         """
         callee = expr.callee if isinstance(expr, CallExpr) else None
-        if (
-            isinstance(expr, CallExpr)
-            and isinstance(callee, RefExpr)
-            and self._rule.is_stack_class(callee.fullname)
-            and expr.args
-            and all(kind == ARG_POS for kind in expr.arg_kinds)
-        ):
-            children = [self._child_type(api, arg, formal) for arg in expr.args]
+        nested = _children_args(expr) if isinstance(expr, CallExpr) else None
+        if isinstance(callee, RefExpr) and self._rule.is_stack_class(callee.fullname) and nested:
+            children = [self._child_type(api, arg, formal) for arg in nested]
             if any(child is None or not self._rule.is_connector(child) for child in children):
                 return None
             known = [child for child in children if child is not None]
@@ -286,10 +283,23 @@ class _Verdict:
 
 
 def _plausible(signature: CallableType, call: CallExpr) -> bool:
-    """Whether this overload item could take the call's arguments (by count)."""
+    """Whether this overload item could take the call's children (by count; ``promote=`` is no child)."""
+    given = sum(1 for kind in call.arg_kinds if kind in (ARG_POS, ARG_STAR))
     if signature.is_var_arg:
-        return len(call.args) >= 1
-    return len(signature.arg_types) == len(call.args)
+        return given >= 1
+    return sum(1 for kind in signature.arg_kinds if kind == ARG_POS) == given
+
+
+def _children_args(call: CallExpr) -> list[Expression] | None:
+    """The call's children, when each is a plain positional argument and the only keywords are the stack's own
+    options; else ``None``."""
+    children: list[Expression] = []
+    for expr, kind, name in zip(call.args, call.arg_kinds, call.arg_names):
+        if kind == ARG_POS:
+            children.append(expr)
+        elif kind != ARG_NAMED or name not in STACK_OPTIONS:
+            return None
+    return children
 
 
 def _is_catch_all(signature: CallableType) -> bool:

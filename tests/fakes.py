@@ -30,6 +30,19 @@ class HMA(HMANullConnector, Plain):
     """capkv.testing's HMA-capable null connector (and a ``Plain``, as before)."""
 
 
+class ReadsOutput(HMA):
+    """Keeps the worker metadata each ``update_connector_output`` call saw: a stack hands every child the
+    engine's output with the child's share in place for the call only."""
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__(name)
+        self.seen_worker_meta: list[object] = []
+
+    def update_connector_output(self, connector_output: Any, /) -> None:
+        self.seen_worker_meta.append(connector_output.worker_meta)
+        super().update_connector_output(connector_output)
+
+
 def pool() -> AbstractContextManager[object]:
     return nullcontext()
 

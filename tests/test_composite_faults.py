@@ -24,7 +24,7 @@ from capkv import (
     finish_request,
     supports_hma,
 )
-from tests.fakes import HMA, FakeWorkerMeta, Plain, Req
+from tests.fakes import ReadsOutput, HMA, FakeWorkerMeta, Plain, Req
 
 R = Req("r1")
 
@@ -186,13 +186,13 @@ def test_the_stacks_own_bookkeeping_survives_a_failed_build_even_if_the_engine_d
 
 
 def test_update_connector_output_reaches_every_child_when_one_raises() -> None:
-    a, b, c = HMA("a"), HMA("b"), HMA("c")
+    a, b, c = HMA("a"), ReadsOutput("b"), ReadsOutput("c")
     a.update_connector_output = raising(KeyError("x"))  # type: ignore[method-assign]
     stack = MultiConnector(a, b, c)
     meta = MultiWorkerMetadata((None, FakeWorkerMeta(("b",)), FakeWorkerMeta(("c",))))
     with pytest.raises(Exception):
         stack.update_connector_output(KVConnectorOutput(worker_meta=meta))
-    assert [ch.calls[-1][1][0].worker_meta for ch in (b, c)] == [FakeWorkerMeta(("b",)), FakeWorkerMeta(("c",))]
+    assert [ch.seen_worker_meta[-1] for ch in (b, c)] == [FakeWorkerMeta(("b",)), FakeWorkerMeta(("c",))]
     with pytest.raises(capkv.CapkvError):
         stack.update_connector_output(KVConnectorOutput())
     assert [ch.methods().count("update_connector_output") for ch in (b, c)] == [2, 2]
@@ -302,7 +302,7 @@ def test_a_subclass_takes_keyword_arguments() -> None:
     assert stack.threshold == 7 and supports_hma(stack) and isinstance(stack, Tiered)
     again = stack.with_children(HMA("c"), Plain("d"))
     assert isinstance(again, Tiered) and again.threshold == 7 and not supports_hma(again)
-    with pytest.raises(capkv.ConfigError, match=r"MultiConnector\(\) takes sub-connectors only"):
+    with pytest.raises(capkv.ConfigError, match=r"MultiConnector\(\) takes sub-connectors and promote= only"):
         MultiConnector(HMA("a"), threshold=1)  # type: ignore[call-overload]
 
 

@@ -23,6 +23,12 @@ from tests.fakes import HMA, FakeWorkerMeta, Plain, Req
 R = Req("r1")
 
 
+def allocated(child: HMA) -> tuple[object, int]:
+    """The blocks and external token count of the child's last ``update_state_after_alloc``."""
+    _, args = next(call for call in reversed(child.calls) if call[0] == "update_state_after_alloc")
+    return args[1], args[2]
+
+
 def step(stack: MultiConnector, finished: set[str] | None = None) -> tuple[set[str] | None, set[str] | None]:  # type: ignore[type-arg]
     """One engine step's worth of composite calls: metadata across, then completions back."""
     stack.bind_connector_metadata(stack.build_connector_meta(None))
@@ -40,8 +46,9 @@ def test_the_first_child_with_a_hit_loads_and_the_others_get_zero() -> None:
     assert stack.get_num_new_matched_tokens(R, 16) == (32, True)
     assert all(ch.methods() == ["get_num_new_matched_tokens"] for ch in (a, b, c)), "every child is asked"
     stack.update_state_after_alloc(R, ([1, 2], [3]), 32)
-    assert [ch.calls[-1][1][2] for ch in (a, b, c)] == [0, 32, 0]
-    assert all(ch.calls[-1][1][1] == ([1, 2], [3]) for ch in (a, b, c)), "everyone gets the real blocks"
+    assert [allocated(ch)[1] for ch in (a, b, c)] == [0, 32, 0]
+    assert all(allocated(ch)[0] == ([1, 2], [3]) for ch in (a, b, c)), "everyone gets the real blocks"
+    assert ("loaded_elsewhere", (R, 16, 48, False)) in a.calls, "a child that saves learns who loaded what"
 
 
 def test_no_hit_means_zero_tokens_for_everyone() -> None:
@@ -49,15 +56,17 @@ def test_no_hit_means_zero_tokens_for_everyone() -> None:
     stack = MultiConnector(a, b)
     assert stack.get_num_new_matched_tokens(R, 0) == (0, False)
     stack.update_state_after_alloc(R, ([1],), 0)
-    assert [ch.calls[-1][1][2] for ch in (a, b)] == [0, 0]
+    assert [allocated(ch)[1] for ch in (a, b)] == [0, 0]
 
 
 def test_none_from_any_child_means_ask_again_and_forgets_the_choice() -> None:
     a, b = HMA("a", hit=16), HMA("b", hit=None)
     stack = MultiConnector(a, b)
     assert stack.get_num_new_matched_tokens(R, 0) == (None, False)
-    stack.update_state_after_alloc(R, ([1],), 16)
-    assert [ch.calls[-1][1][2] for ch in (a, b)] == [0, 0], "no child was chosen while a child was still looking"
+    with pytest.raises(ContractError, match="offered 0"):
+        stack.update_state_after_alloc(R, ([1],), 16)
+    stack.update_state_after_alloc(R, ([1],), 0)
+    assert [allocated(ch)[1] for ch in (a, b)] == [0, 0], "no child was chosen while a child was still looking"
     b.hit = 0
     assert stack.get_num_new_matched_tokens(R, 0) == (16, False)
 
@@ -313,12 +322,27 @@ def test_worker_metadata_is_aggregated_child_by_child() -> None:
     with pytest.raises(MetadataError):
         first.aggregate(MultiWorkerMetadata((None,)))
 
+    seen: list[tuple[object, frozenset[str]]] = []
+
+    class Reads(HMA):
+        def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
+            seen.append((connector_output.worker_meta, connector_output.finished_sending))
+
+    readers = MultiConnector(Reads("a"), Reads("b"), Reads("c"))
     output = KVConnectorOutput(finished_sending=frozenset({"r"}), worker_meta=merged)
-    stack.update_connector_output(output)
-    seen = [ch.calls[-1][1][0] for ch in (a, b, c)]
-    assert [o.worker_meta for o in seen] == list(merged.children)
-    assert all(o.finished_sending == {"r"} for o in seen)
-    assert output.worker_meta is merged, "the engine's output is not mutated"
+    readers.update_connector_output(output)
+    assert [meta for meta, _ in seen] == list(merged.children), "each child reads its own share during its call"
+    assert all(sending == {"r"} for _, sending in seen)
+    assert output.worker_meta is merged, "the engine's worker metadata is back after the call"
+
+    class Raises(Reads):
+        def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
+            super().update_connector_output(connector_output)
+            raise RuntimeError("boom")
+
+    with pytest.raises(SubConnectorError):
+        MultiConnector(Raises("a"), Reads("b"), Reads("c")).update_connector_output(output)
+    assert output.worker_meta is merged, "... also when a child raised"
 
 
 def test_output_without_worker_metadata_reaches_every_child() -> None:

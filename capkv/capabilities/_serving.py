@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
 from capkv._homes import publish
-from capkv.capabilities._hma import describe, explain_not_hma, non_hma_children, supports_hma
+from capkv.capabilities._hma import StackNode, describe, explain_not_hma, non_hma_children, supports_hma
 from capkv.contracts._connector import KVConnector, RequestT, missing_members
 from capkv.contracts._engine import BlockIds, KVTransferParams
 from capkv.contracts._spec import KVSpec
@@ -61,7 +61,10 @@ def check_stack(
     With more than one KV-cache group every leaf of the stack must be HMA-capable;
     the error names each one that is not, by position and class. Children's
     conflicts (layouts, finished counts) surface here too, as
-    :class:`~capkv.ConflictError`, rather than mid-serving.
+    :class:`~capkv.ConflictError`, rather than mid-serving. Given a
+    :class:`~capkv.KVSpec`, a composite with ``bind_kv_spec`` (a
+    :class:`~capkv.MultiConnector`) learns the block sizes, by which it checks that
+    its children's slices of a composed hit end on block boundaries.
     """
     num_groups = num_kv_cache_groups(kv_cache_config)
     missing = missing_members(connector)
@@ -76,6 +79,10 @@ def check_stack(
     stack = cast("KVConnector", connector)
     stack.get_required_kvcache_layout()
     stack.get_finished_count()
+    if isinstance(kv_cache_config, KVSpec) and isinstance(connector, StackNode):
+        bind: object = getattr(connector, "bind_kv_spec", None)
+        if callable(bind):  # a composite checks its children's slices against the block sizes
+            bind(kv_cache_config)
 
 
 def require_hma(stack: object, kv_cache_config: KVCacheConfigLike | KVSpec | int) -> None:

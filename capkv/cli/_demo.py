@@ -28,11 +28,11 @@ from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from capkv.capabilities._hma import StackNode
+from capkv.capabilities._hma import StackNode, describe
 from capkv.cli._check import import_user_module
 from capkv.cli._numbers import int_at_least
 from capkv.cli._progress import Progress, TextStream
@@ -49,6 +49,9 @@ from capkv.errors import CapkvError, ConfigError
 __all__ = ["add_arguments", "run"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_CPU_BLOCKS = 2048
+_TIERED_PREFIXES = 16
+_TIERED_CPU_BLOCKS = 1024
 
 
 _POSITIVE = int_at_least(1)
@@ -77,9 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: cpu,file)")
     stack.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                        help="import MODULE first, so its @register_connector classes are known (repeatable)")
-    stack.add_argument("--cpu-blocks", type=_POSITIVE, default=2048,
+    stack.add_argument("--cpu-blocks", type=_POSITIVE, default=None,
                        help="capacity_blocks of connectors that declare it and are not given one: the host pool "
-                            "of cpu and single (default: 2048)")
+                            f"of cpu and single (default: {_CPU_BLOCKS}; with --tiered: {_TIERED_CPU_BLOCKS})")
+    stack.add_argument("--promote", action="store_true",
+                       help="the stack saves what a later tier loaded into the earlier tiers too, so the fast "
+                            "tier warms up (MultiConnector(..., promote=True); off by default)")
     stack.add_argument("--store-dir", type=Path, default=None,
                        help="root of connectors that declare it: the file store's directory "
                             "(default: a temporary directory, removed afterwards)")
@@ -88,7 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "separated by ',' (needs capkv[redis]; default: redis://127.0.0.1:6379)")
     work = parser.add_argument_group("workload")
     work.add_argument("--requests", type=_POSITIVE, default=32, help="requests per run (default: 32)")
-    work.add_argument("--prefixes", type=_POSITIVE, default=4, help="distinct shared prefixes (default: 4)")
+    work.add_argument("--prefixes", type=_POSITIVE, default=None,
+                      help=f"distinct shared prefixes (default: 4; with --tiered: {_TIERED_PREFIXES})")
+    work.add_argument("--tiered", action="store_true",
+                      help=f"a working set the front tier cannot hold: {_TIERED_PREFIXES} shared prefixes and a "
+                           f"host pool of {_TIERED_CPU_BLOCKS} blocks (unless --prefixes, --cpu-blocks say "
+                           "otherwise); the tiers behind it hold the rest, so the warm run computes no more "
+                           "than over one large store")
     work.add_argument("--prefix-len", type=_NATURAL, default=384, help="tokens in each shared prefix (default: 384)")
     work.add_argument("--suffix-len", type=_NATURAL, default=65, help="tokens of each request's own (default: 65)")
     work.add_argument("--max-tokens", type=_POSITIVE, default=128,
@@ -110,14 +122,14 @@ def run(args: argparse.Namespace) -> int:
         _require_memory(shape)
         for module in args.imports:
             import_user_module(module)
-        configured = load_stack(parse_stack(args.stack), registry=default_registry)
+        configured = load_stack(_with_options(parse_stack(args.stack), promote=args.promote), registry=default_registry)
     except CapkvError as error:
         return _fail(error)
     torch.set_num_threads(args.threads)
     with _store_directory(args.store_dir) as directory:
         context = BuildContext(
             spec=shape.kv_spec(),
-            defaults={"capacity_blocks": args.cpu_blocks, "root": str(directory), "url": args.redis_url},
+            defaults={"capacity_blocks": _cpu_blocks(args), "root": str(directory), "url": args.redis_url},
         )
         findings = Findings()
         try:
@@ -166,6 +178,24 @@ class RunSummary:
     label: str
     wall_seconds: float
     stats: EngineStats
+    loaded: tuple[int, ...] = ()
+    """Tokens loaded from each of the stack's children in this run (empty when the stack is one connector)."""
+    promoted: tuple[int, ...] = ()
+    """Tokens loaded from later children that each child was asked to save in this run."""
+
+
+@runtime_checkable
+class Tiered(Protocol):
+    """A stack that counts, per child, the tokens loaded from it and promoted into it (``MultiConnector``)."""
+
+    @property
+    def loaded_tokens(self) -> tuple[int, ...]: ...
+
+    @property
+    def promoted_tokens(self) -> tuple[int, ...]: ...
+
+    @property
+    def promote(self) -> bool: ...
 
 
 @runtime_checkable
@@ -198,10 +228,17 @@ def _serve(out: TextStream, engine: Engine, workload: Workload, stack: object) -
                 engine.reset_prefix_cache()
             engine.stats.reset()
             progress = Progress(label, workload.num_requests, out)
+            tiers = engine.connector if isinstance(engine.connector, Tiered) else None
+            before = (tiers.loaded_tokens, tiers.promoted_tokens) if tiers is not None else ((), ())
             started = time.perf_counter()
             finished = engine.run(workload.requests(label), progress)
             progress.close(len(finished))
-            runs.append(RunSummary(label, time.perf_counter() - started, engine.stats.snapshot()))
+            loaded, promoted = (tiers.loaded_tokens, tiers.promoted_tokens) if tiers is not None else ((), ())
+            runs.append(RunSummary(
+                label, time.perf_counter() - started, engine.stats.snapshot(),
+                tuple(b - a for a, b in zip(before[0], loaded, strict=True)),
+                tuple(b - a for a, b in zip(before[1], promoted, strict=True)),
+            ))
     except VerificationError as error:
         out.write("\n")
         _print_summary(out, engine, runs)
@@ -264,6 +301,15 @@ def _print_summary(out: TextStream, engine: Engine, runs: list[RunSummary]) -> N
             f"prefix-hit tokens, group {group.index} ({kind})",
             [f"{r.stats.groups[group.index].local_hit_tokens:,} + {r.stats.groups[group.index].loaded_tokens:,}" for r in runs],
         ))
+    tiers = engine.connector if isinstance(engine.connector, Tiered) else None
+    if tiers is not None:
+        labels = [f"#{i} {describe(child)}" for i, child in enumerate(getattr(tiers, "children", ()), start=1)]
+        rows += [(f"tokens loaded from {label}", [f"{r.loaded[i]:,}" for r in runs]) for i, label in enumerate(labels)]
+        if tiers.promote:
+            rows += [
+                (f"tokens promoted into {label}", [f"{r.promoted[i]:,}" for r in runs])
+                for i, label in enumerate(labels[:-1])
+            ]
     rows += [
         ("bytes saved", [_bytes(_saved(r.stats)) for r in runs]),
         ("bytes loaded", [_bytes(r.stats.loaded_bytes) for r in runs]),
@@ -276,6 +322,8 @@ def _print_summary(out: TextStream, engine: Engine, runs: list[RunSummary]) -> N
     for label, values in rows:
         out.write(f"  {label:<{label_width}}" + "".join(f"  {v:>{w}}" for v, w in zip(values, widths, strict=True)) + "\n")
     out.write("  (prefix-hit tokens: local prefix cache + loaded through the stack)\n")
+    if tiers is not None:
+        out.write("  (tokens loaded from each tier: its slices of the composed hits; each tier loads past the ones before it)\n")
     if any(_saved(r.stats) is None for r in runs):
         out.write("  (bytes saved: n/a when the stack's connectors report no get_kv_connector_stats)\n")
 
@@ -357,9 +405,33 @@ def _require_memory(shape: ModelShape) -> None:
         )
 
 
+def _cpu_blocks(args: argparse.Namespace) -> int:
+    given: int | None = args.cpu_blocks
+    if given is not None:
+        return given
+    return _TIERED_CPU_BLOCKS if args.tiered else _CPU_BLOCKS
+
+
+def _with_options(config: dict[str, Any], *, promote: bool) -> dict[str, Any]:
+    """The stack's configuration with the demo's stack options (``--promote``: the top stack promotes)."""
+    if not promote:
+        return config
+    if config.get("kv_connector") != "MultiConnector":
+        raise ConfigError(
+            f"--promote needs a stack of tiers (e.g. --stack cpu,file), got {config.get('kv_connector')!r} alone",
+            method="demo", value=config.get("kv_connector"),
+        )
+    extra = dict(config.get("kv_connector_extra_config", {}))
+    extra["promote"] = True
+    return {**config, "kv_connector_extra_config": extra}
+
+
 def _workload(args: argparse.Namespace) -> Workload:
+    prefixes: int | None = args.prefixes
+    if prefixes is None:
+        prefixes = _TIERED_PREFIXES if args.tiered else 4
     return Workload(
-        num_requests=args.requests, num_prefixes=args.prefixes, prefix_len=args.prefix_len,
+        num_requests=args.requests, num_prefixes=prefixes, prefix_len=args.prefix_len,
         suffix_len=args.suffix_len, max_tokens=args.max_tokens, seed=args.seed,
     )
 

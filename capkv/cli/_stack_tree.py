@@ -33,7 +33,7 @@ from capkv.capabilities._facts import FINISHED_COUNT, LAYOUT, NEEDS_INSTANCE, PI
 from capkv.capabilities._hma import supports_hma
 from capkv.composite._agreement import child_label, combine
 from capkv.composite._building import answers_by_agreement, stack_class
-from capkv.config._build import BuildContext, build_connector, call_user_code
+from capkv.config._build import BuildContext, build_composite, build_connector, call_user_code
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 from capkv.config._options import declared_options
 from capkv.errors import CapkvError, ConfigError
@@ -104,15 +104,7 @@ def inspect_stack(
         children = tuple(inspect_stack(entry, build=build, context=context, findings=findings) for entry in node.entries)
         inspected = Inspected(node, children)
         if build and all(child.built is not None for child in children):
-            where = f"{node.position}: " if node.position else ""
-            _build(
-                inspected,
-                lambda: call_user_code(
-                    lambda: node.cls(*(child.built for child in children)),
-                    f'{where}cannot build "{node.name}"', node.position or node.name, None,
-                ),
-                findings,
-            )
+            _build(inspected, lambda: build_composite(node, [child.built for child in children]), findings)
         else:
             inspected.unbuilt_because = tuple(r for child in children for r in child.unbuilt_because)
     for fact in STATIC_FACTS:

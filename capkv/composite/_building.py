@@ -23,9 +23,10 @@ from typing import Any, cast
 from capkv.capabilities._facts import StaticFact
 from capkv.capabilities._hma import StackNode, describe, explain_not_hma, non_hma_children, supports_hma
 from capkv.composite._agreement import child_label
+from capkv.composite._options import STACK_OPTIONS
 from capkv.composite._runtime import StackRuntime
 from capkv.contracts._connector import KVConnector, missing_members
-from capkv.errors import CapabilityError, ConfigError
+from capkv.errors import ArgumentError, CapabilityError, ConfigError
 
 __all__ = ["HMAVariant", "answers_by_agreement", "build_stack", "declared_class", "stack_class"]
 
@@ -40,9 +41,16 @@ def build_stack(cls: type[Any], children: tuple[object, ...], init_kwargs: dict[
         raise CapabilityError(
             f"{name}() needs at least one sub-connector", connector=name, method="__new__", value=children
         )
-    if init_kwargs and cls.__init__ is object.__init__:
+    promote: object = init_kwargs.get("promote", False)
+    if type(promote) is not bool:
+        raise ArgumentError(
+            f"{name}(promote={promote!r}): expected a bool", parameter="promote", value=promote,
+            connector=name, method="__new__",
+        )
+    unknown = sorted(set(init_kwargs) - set(STACK_OPTIONS))
+    if unknown and cls.__init__ is object.__init__:
         raise ConfigError(
-            f"{name}() takes sub-connectors only, got keyword arguments {sorted(init_kwargs)}; a subclass "
+            f"{name}() takes sub-connectors and promote= only, got keyword arguments {unknown}; a subclass "
             "that takes options of its own defines __init__(self, *children, **options)",
             connector=name,
             method="__new__",
@@ -70,7 +78,7 @@ def build_stack(cls: type[Any], children: tuple[object, ...], init_kwargs: dict[
         )
     stack = cast("StackRuntime", object.__new__(stack_class(cls, children)))
     names = tuple(child_label(i, describe(c)) for i, c in enumerate(children, start=1))
-    stack._setup(cast("tuple[KVConnector, ...]", children), names, hma, init_kwargs)  # pyright: ignore[reportPrivateUsage]
+    stack._setup(cast("tuple[KVConnector, ...]", children), names, hma, init_kwargs, promote=promote)  # pyright: ignore[reportPrivateUsage]
     return stack
 
 

@@ -5,18 +5,20 @@ read them (data corruption), and a receive reported twice (a dead engine: vLLM
 asserts the request still exists). So completions are tracked *by child*, not
 counted: :class:`SendTracker` reports a send once, after every child that
 accepted an asynchronous save of it has reported it; :class:`ReceiveTracker`
-reports a receive once per asynchronous load, from the child that loads it.
-Any other report is dropped and counted in :class:`DroppedReports`.
+reports a receive once per load, when every child loading a slice of it
+asynchronously has reported it; loads are numbered, so a late report for an
+earlier load counts for that load. Any other report is dropped and counted in
+:class:`DroppedReports`.
 
-A request id alone cannot tell two requests that share it apart: a child's late
-report for a request whose id was reused after it finished is taken as a report
-for the new request.
+A report carries a request id only: a child that repeats a report it already
+made, after the same child was handed a new load of the same request, cannot be
+told from that load's completion (a child reports each load once).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from enum import Enum
 
 from capkv._homes import publish
@@ -32,7 +34,10 @@ class Drop(Enum):
     SEND_REPEATED = "reported a finished send it had already reported"
     SEND_NOT_SAVING = "reported a finished send of a request whose save it did not accept (delay_free=False)"
     SEND_NOT_PENDING = "reported a finished send of a request with no save pending (never asked, or already reported)"
-    RECV_NOT_LOADER = "reported a finished receive of a request another child is loading"
+    RECV_NOT_LOADER = (
+        "reported a finished receive of a request none of whose pending loads it owes (other children load it, "
+        "or it already reported its part)"
+    )
     RECV_NOT_PENDING = (
         "reported a finished receive with no asynchronous load of it pending (never started, or already reported)"
     )
@@ -120,41 +125,65 @@ class SendTracker:
 
 
 class ReceiveTracker:
-    """Reports a finished receive once per asynchronous load, when the child loading it does.
+    """Reports a finished receive once per load, when every child loading a slice of it asynchronously has.
 
-    The scheduler side tells (:meth:`expect`) which child started an
-    asynchronous load of a request. Its first report is passed on; a report by
-    another child, a second report, or one for a load nobody started is
-    dropped. A load pending when its request finishes stays pending: an engine
-    keeps an aborted request's blocks until its receive is reported. A request
-    loaded again (after a preemption) is expected, and reported, again.
-    Synchronous loads are not awaited: the engine does not wait for a report.
+    The scheduler side numbers its loads and tells (:meth:`expect`) which children
+    load each one asynchronously, as a bit mask. Loads of one request are kept in
+    order, and a child's report completes the oldest load of that request it still
+    owes: a late report for an earlier load is never taken for a later one, and a
+    report by a child that owes no load of the request — a repeat of a report
+    already counted, a child loading nothing of it, or a load nobody started — is
+    dropped. A load completes, and the request is reported, once its last owed child
+    reported; loads of one request are reported in order. A load pending when its
+    request finishes stays pending: an engine keeps an aborted request's blocks until
+    its receive is reported. Synchronous loads are not awaited: the engine does not
+    wait for a report.
     """
 
-    __slots__ = ("_loaders",)
+    __slots__ = ("_pending",)
 
     def __init__(self) -> None:
-        self._loaders: dict[str, int] = {}
+        self._pending: dict[str, list[list[int]]] = {}  # request id -> [[load number, owed mask], ...]
 
-    def expect(self, loaders: Mapping[str, int]) -> None:
-        self._loaders.update(loaders)
+    def expect(self, loads: Iterable[tuple[str, int, int]]) -> None:
+        pending = self._pending
+        for request_id, number, mask in loads:
+            if mask:
+                entries = pending.get(request_id)
+                if entries is None:
+                    pending[request_id] = [[number, mask]]
+                else:
+                    entries.append([number, mask])
 
-    def report(self, index: int, request_id: str) -> Drop | None:
-        """Child ``index`` finished receiving: ``None`` to pass it on, else why it is dropped."""
-        loader = self._loaders.get(request_id)
-        if loader == index:
-            del self._loaders[request_id]
-            return None
-        return Drop.RECV_NOT_PENDING if loader is None else Drop.RECV_NOT_LOADER
+    def report(self, index: int, request_id: str) -> Drop | bool:
+        """Child ``index`` finished receiving: ``True`` when a load of the request completed (pass it
+        on), ``False`` when it still waits for other children, or why the report is dropped."""
+        entries = self._pending.get(request_id)
+        if entries is None:
+            return Drop.RECV_NOT_PENDING
+        bit = 1 << index
+        for entry in entries:
+            if entry[1] & bit:
+                entry[1] &= ~bit
+                break
+        else:
+            return Drop.RECV_NOT_LOADER
+        if entries[0][1]:
+            return False
+        while entries and not entries[0][1]:
+            del entries[0]
+        if not entries:
+            del self._pending[request_id]
+        return True
 
     def __len__(self) -> int:
-        return len(self._loaders)
+        return len(self._pending)
 
-    def state(self) -> dict[str, int]:
-        return dict(self._loaders)
+    def state(self) -> dict[str, list[list[int]]]:
+        return {request_id: [list(entry) for entry in entries] for request_id, entries in self._pending.items()}
 
-    def restore(self, state: Mapping[str, int]) -> None:
-        self._loaders = dict(state)
+    def restore(self, state: Mapping[str, list[list[int]]]) -> None:
+        self._pending = {request_id: [list(entry) for entry in entries] for request_id, entries in state.items()}
 
 
 publish(__name__)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from capkv.composite._fanout import Failures, bad_answer
+from capkv.composite._plan import Plan
 from capkv.contracts._engine import KVTransferParams, Request
 from capkv.errors import ConflictError, FinishError
 
@@ -34,7 +35,7 @@ class FinishRoutine:
 
     _names: tuple[str, ...]
     _savers: list[tuple[str, int]]
-    _load_choice: dict[str, tuple[int, bool]]
+    _plans: dict[str, Plan]
 
     def _finish(
         self, request: Request, finishers: tuple[tuple[int, Finisher], ...], block_ids: object, method: str
@@ -64,8 +65,8 @@ class FinishRoutine:
                     returned = [item] if returned is None else [*returned, item]
         if savers:
             self._savers.append((request.request_id, savers))
-        if self._load_choice:
-            self._load_choice.pop(request.request_id, None)
+        if self._plans:
+            self._plans.pop(request.request_id, None)
         if returned is None and failures is None:
             return savers != 0, None
         merged: KVTransferParams | None = None

@@ -3,7 +3,9 @@
 Children's metadata travels in child order. The composite adds what only it
 knows, in :class:`Book` entries: which children accepted an asynchronous save
 of each finished request (so the worker side holds ``finished_sending`` back
-until each of them has reported) and which child loads each asynchronous load.
+until each of them has reported) and which children load each load, numbered
+(so a receive is reported once every asynchronous loader of that load has
+reported it, and a report is matched to a load, not merely to a request id).
 Books are numbered, so the worker side applies each one once: binding the same
 metadata twice, or a book re-sent after a failed step, changes nothing.
 """
@@ -45,8 +47,9 @@ class Book:
     """Increases with every book an origin writes; a worker side applies each once."""
     savers: dict[str, int]
     """Finished requests -> bit mask of the children that accepted an asynchronous save."""
-    loaders: dict[str, int]
-    """Asynchronous loads started -> index of the child that loads."""
+    loads: tuple[tuple[str, int, int], ...]
+    """Loads started, in order: ``(request id, load number, bit mask of the children loading a
+    slice of it asynchronously)``; numbers increase with every load the origin starts."""
 
 
 class MultiConnectorMetadata:

@@ -7,26 +7,35 @@ are hot paths: they allocate nothing in the common case beyond what they return.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from capkv.composite._agreement import agreed_finished_count, agreed_layout, piecewise_needed
 from capkv.composite._fanout import ATTACHED, HELD, TOLD, Failures, bad_answer, failure
 from capkv.composite._finish import FinishResult, FinishRoutine
 from capkv.composite._metadata import NOT_BUILT, Book, MultiConnectorMetadata, MultiWorkerMetadata
+from capkv.composite._plan import Slice
 from capkv.composite._state import UNSET, StackState
 from capkv.contracts._engine import BlockIds, HandshakeMetadata, KVConnectorOutput, Request, SchedulerOutput
-from capkv.errors import SubConnectorError
+from capkv.errors import ContractError, SubConnectorError
 
 __all__ = ["SchedulerSide"]
 
 
-_new = object.__new__
 _set = object.__setattr__
+_ZERO = 0
 _NO_HIT: tuple[int | None, bool] = (0, False)
 _ASK_AGAIN: tuple[int | None, bool] = (None, False)
 _HIT = "(tokens, load_async) with tokens a non-negative int, or None to be asked again"
+
+
+def _num_tokens(request: Request) -> int | None:
+    """How many tokens the request has, when it says (vLLM's ``num_tokens``, or ``all_token_ids``)."""
+    count: object = getattr(request, "num_tokens", None)
+    if type(count) is int:
+        return count
+    tokens: object = getattr(request, "all_token_ids", None)
+    return len(cast("Sequence[object]", tokens)) if isinstance(tokens, Sequence) else None
 
 
 class SchedulerSide(FinishRoutine, StackState):
@@ -37,71 +46,219 @@ class SchedulerSide(FinishRoutine, StackState):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int, /
     ) -> tuple[int | None, bool]:
-        """Ask every child; the first with a hit loads. Any ``None`` means "ask again"."""
-        if self._load_choice:
-            self._load_choice.pop(request.request_id, None)
-        chosen: tuple[int | None, bool] = _NO_HIT
+        """Compose the children's hits: each child is asked beyond what the earlier ones load.
+
+        A child that loads slices (:func:`~capkv.contracts._tiers.loads_slices`) is asked at
+        ``num_computed_tokens`` plus the tokens the children before it offered, and its hit
+        extends the stack's; a child that does not is asked at ``num_computed_tokens``, as vLLM
+        asks it, and loads only when no child before it had a hit — and then no later child
+        extends its hit. A slice that does not end on a block boundary ends the composition too
+        (one that must, because it was asked beyond the local hit, is a ``ContractError``).
+        Any ``None`` means "ask again": the round ends and no plan is kept.
+        """
+        plans = self._plans
+        if plans:
+            plans.pop(request.request_id, None)
+        start = num_computed_tokens
+        open_ = True  # later children may still extend the hit
+        slices: list[Slice] | None = None
         failures: Failures | None = None
-        for child in self._children:
-            answer: Any = UNSET
+        for child, slicing in self._asked:
+            asked = start if slicing and open_ else num_computed_tokens
             try:
-                answer = child.get_num_new_matched_tokens(request, num_computed_tokens)
-                tokens, load_async = answer
+                answer: Any = child.get_num_new_matched_tokens(request, asked)
             except Exception as exc:
-                failures = self._failed_answer(failures, child, exc, answer, "get_num_new_matched_tokens", _HIT)
+                failures = self._failed_child(failures, child, exc)
                 continue
-            if type(tokens) is int:
-                if tokens > 0:
-                    if chosen is _NO_HIT:
-                        self._load_choice[request.request_id] = (self._position(child), bool(load_async))
-                        chosen = (tokens, bool(load_async))
+            try:
+                tokens, load_async = answer
+            except (TypeError, ValueError):
+                tokens = load_async = UNSET
+            if tokens is _ZERO:  # the common answer, first (an int 0: CPython keeps one; False is not it)
+                continue
+            index = self._position(child)  # the rarer answers: a hit, "ask again", a bad one
+            if type(tokens) is int and tokens >= 0:
+                if not tokens:
                     continue
-                if tokens == 0:
-                    continue
-            elif tokens is None:
+                if open_ and asked == start:
+                    bad = self._bad_slice(index, request, asked, tokens, answer, num_computed_tokens)
+                    if bad is not None:
+                        failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
+                        open_ = False
+                        continue
+                    item = (index, asked, tokens, bool(load_async))
+                    if slices is None:
+                        slices = [item]
+                    else:
+                        slices.append(item)
+                    start = asked + tokens
+                    if not slicing or not self._aligned(start):
+                        open_ = False
+                continue
+            if tokens is None:
                 if failures is None:
-                    self._load_choice.pop(request.request_id, None)
                     return _ASK_AGAIN
                 continue
-            bad = bad_answer(self._names[self._position(child)], "get_num_new_matched_tokens", answer, _HIT)
-            failures = self._failed_child(failures, child, bad)
+            bad = bad_answer(self._names[index], "get_num_new_matched_tokens", answer, _HIT)
+            failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
         if failures:
-            self._load_choice.pop(request.request_id, None)
             raise failure(type(self).__name__, self._names, "get_num_new_matched_tokens", failures,
-                          "no child was chosen to load; ask again")
-        return chosen
+                          "no slice was kept; ask again")
+        if slices is None:
+            return _NO_HIT
+        plans[request.request_id] = (num_computed_tokens, tuple(slices))
+        if len(slices) == 1:
+            return slices[0][2], slices[0][3]
+        return start - num_computed_tokens, any(item[3] for item in slices)
+
+    def _aligned(self, position: int) -> bool:
+        alignment = self._alignment
+        return alignment is None or position % alignment == 0
+
+    def _bad_slice(
+        self, index: int, request: Request, asked: int, tokens: int, answer: object, local: int
+    ) -> ContractError | None:
+        """capkv's verdict on a hit that cannot be a slice: past the prompt, or (asked beyond the
+        local hit) not ending on a block boundary."""
+        total = _num_tokens(request)
+        if total is not None and asked + tokens > total:
+            why = f"ends at token {asked + tokens}, past the request's {total} tokens"
+        elif asked > local and not self._aligned(asked + tokens):
+            why = (f"ends at token {asked + tokens}, not on a block boundary (every group's blocks: a "
+                   f"multiple of {self._alignment}); a slice asked beyond the local hit must")
+        else:
+            return None
+        name = self._names[index]
+        return ContractError(
+            f"{name}.get_num_new_matched_tokens(request {request.request_id!r}, {asked}) returned {answer!r}: "
+            f"the hit {why}",
+            connector=name, method="get_num_new_matched_tokens", value=answer,
+        )
 
     def update_state_after_alloc(
         self, request: Request, blocks: BlockIds, num_external_tokens: int, /
     ) -> None:
-        """The loading child gets the external token count; the others get the blocks and 0."""
-        choice = self._load_choice.get(request.request_id) if self._load_choice else None
+        """Each child that offered a slice gets its part of the tokens the engine accepted; the others 0.
+
+        The engine may accept fewer tokens than offered: the slices are honoured in token order
+        and the first that does not fit is cut short. Then every child that knows of foreign loads
+        learns which tokens others loaded, and whether to save them (promotion).
+        """
+        plan = self._plans.pop(request.request_id, None) if self._plans else None
         failures: Failures | None = None
-        if choice is None or num_external_tokens <= 0:
+        if plan is None and num_external_tokens > 0:
+            raise self._more_than_offered(request, num_external_tokens, 0)
+        if plan is None or num_external_tokens <= 0:
+            native = self._native
+            if native is not None:  # every child takes the engine's own blocks: unwrap them once
+                engine_blocks: object = getattr(blocks, native[2], None)
+                if engine_blocks is not None:
+                    index = 0
+                    for call in native[0]:
+                        try:
+                            call(request, engine_blocks, 0)
+                        except Exception as exc:
+                            failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                        index += 1
+                    if failures:
+                        raise self._alloc_failed(failures, 0)
+                    return
             for child in self._children:
                 try:
                     child.update_state_after_alloc(request, blocks, 0)
                 except Exception as exc:
                     failures = self._failed_child(failures, child, exc)
-        else:
-            loader, load_async = choice
-            for index, child in enumerate(self._children):
-                try:
-                    child.update_state_after_alloc(request, blocks, num_external_tokens if index == loader else 0)
-                except Exception as exc:
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                    if index == loader and not (isinstance(exc, SubConnectorError) and exc.partial):
-                        choice = None  # the loader failed (a nested stack says if its loader started)
-            if choice is not None and load_async:
-                self._loads[request.request_id] = loader
+            if failures:
+                raise self._alloc_failed(failures, 0)
+            return
+        local, slices = plan
+        counts = [0] * len(self._children)
+        left = num_external_tokens
+        for index, _, tokens, _ in slices:
+            counts[index] = part = min(tokens, left)
+            left -= part
+        if left:
+            raise self._more_than_offered(request, num_external_tokens, num_external_tokens - left)
+        cut: dict[int, int] = {}  # loaders that raised -> tokens whose load started anyway
+        index = -1
+        for child in self._children:
+            index += 1
+            try:
+                child.update_state_after_alloc(request, blocks, counts[index])
+            except Exception as exc:
+                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                if counts[index]:  # a nested stack says how much of its slice started loading
+                    partial = exc.partial if isinstance(exc, SubConnectorError) else None
+                    cut[index] = min(partial, counts[index]) if isinstance(partial, int) and partial > 0 else 0
+        async_mask = 0
+        started = 0  # tokens whose load started: the slices up to the first that failed
+        for index, first, _, load_async in slices:
+            part = counts[index]
+            if not part:
+                break
+            if index in cut:
+                part = cut[index]
+            if part:
+                self._loaded_tokens[index] += part
+                if load_async:
+                    async_mask |= 1 << index
+            started = first + part - local
+            if part < counts[index]:
+                break
+        if started:
+            self._load_serial += 1
+            self._loads.append((request.request_id, self._load_serial, async_mask))
+            failures = self._tell_foreign(request, counts, local, local + started, failures)
         if failures:
-            started = 0 if choice is None else max(num_external_tokens, 0)
-            raise failure(
-                type(self).__name__, self._names, "update_state_after_alloc", failures,
-                f"{TOLD}; .partial is the number of external tokens whose load started ({started}): "
-                "an asynchronous load is reported in finished_recving when it ends",
-                partial=started,
-            )
+            raise self._alloc_failed(failures, started)
+
+    def _more_than_offered(self, request: Request, accepted: int, offered: int) -> ContractError:
+        """The engine's mistake: no child would load the rest, so its KV would be missing."""
+        name = type(self).__name__
+        return ContractError(
+            f"{name}.update_state_after_alloc: num_external_tokens={accepted} for request "
+            f"{request.request_id!r}, but its children offered {offered} (at the last get_num_new_matched_tokens); "
+            "an engine may accept fewer external tokens than offered, never more",
+            connector=name, method="update_state_after_alloc", value=accepted,
+        )
+
+    def _tell_foreign(
+        self, request: Request, counts: list[int], local: int, end: int, failures: Failures | None
+    ) -> Failures | None:
+        """Each child that knows of foreign loads learns what the others loaded of ``[local, end)``:
+        the slices of earlier children (not to be saved again), and those of later children (saved
+        only when the stack promotes)."""
+        promote = self._promote
+        first = local  # where this child's slice starts
+        for index, tell in enumerate(self._foreign):
+            own_end = min(first + counts[index], end)
+            if tell is not None:
+                try:
+                    if first > local:
+                        tell(request, local, first, False)
+                    if own_end < end:
+                        tell(request, own_end, end, promote)
+                        if promote:
+                            self._promoted_tokens[index] += end - own_end
+                except Exception as exc:
+                    failures = [(index, exc)] if failures is None else sorted([*failures, (index, exc)],
+                                                                             key=lambda item: item[0])
+            first = own_end
+        return failures
+
+    def _alloc_failed(self, failures: Failures, started: int) -> SubConnectorError:
+        return failure(
+            type(self).__name__, self._names, "update_state_after_alloc", failures,
+            f"{TOLD}; .partial is the number of external tokens whose load started ({started}): "
+            "an asynchronous load is reported in finished_recving when it ends",
+            partial=started,
+        )
+
+    def loaded_elsewhere(self, request: Request, start: int, end: int, save: bool, /) -> None:
+        """A stack inside a stack: its children learn it too."""
+        for tell in self._foreign:
+            if tell is not None:
+                tell(request, start, end, save)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> MultiConnectorMetadata:
         """Children's metadata in order, plus the stack's own book: who saves, who loads."""
@@ -121,9 +278,9 @@ class SchedulerSide(FinishRoutine, StackState):
             for request_id, mask in self._savers:  # finished requests, in order, since the last book
                 savers[request_id] = savers.get(request_id, 0) | mask
             self._serial += 1
-            books = (*books, Book(self._origin, self._serial, savers, self._loads))
+            books = (*books, Book(self._origin, self._serial, savers, tuple(self._loads)))
             self._savers = []
-            self._loads = {}
+            self._loads = []
         metadata = MultiConnectorMetadata(tuple(metas), books)
         if failures:
             self._unsent = books
@@ -136,34 +293,77 @@ class SchedulerSide(FinishRoutine, StackState):
     def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
         """Each child sees the step's output with its own worker metadata.
 
-        With worker metadata, each child gets its own shallow copy of the output
-        carrying its share (the engine's object is never mutated, so a child may keep
-        what it was given); without, every child gets the engine's object.
+        As vLLM's composite does, each child gets the engine's object with its own share of
+        the worker metadata in place for the call; the engine's metadata is back when the
+        call returns (or raises). A child must not keep the object past its call. Children
+        that take the engine's own output (:mod:`~capkv.composite._native`) get that one,
+        its worker-metadata field set the same way.
         """
         worker_meta = connector_output.worker_meta
-        failures: Failures | None = None
+        children = self._children
         if worker_meta is None:
-            for child in self._children:
+            per_child: tuple[object, ...] | None = None
+        elif type(worker_meta) is MultiWorkerMetadata and len(worker_meta.children) == len(children):
+            per_child = worker_meta.children
+        else:
+            per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
+        native = self._native
+        failures: Failures | None = None
+        if native is not None:  # every child takes the engine's own output: unwrap it once
+            engine_output: object = getattr(connector_output, native[3], None)
+            if engine_output is not None:
+                if per_child is None and getattr(engine_output, native[4]) is None:
+                    index = 0
+                    for call in native[1]:  # nothing to set: the engine's output as it is
+                        try:
+                            call(engine_output)
+                        except Exception as exc:
+                            failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                        index += 1
+                    if failures:
+                        raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
+                    return
+                self._pass_output(engine_output, native[4], native[1], per_child)
+                return
+        if per_child is None:
+            for child in children:
                 try:
                     child.update_connector_output(connector_output)
                 except Exception as exc:
                     failures = self._failed_child(failures, child, exc)
         else:
-            per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
-            fields: dict[str, Any] | None = getattr(connector_output, "__dict__", None)
-            kind = type(connector_output)
-            for index, (child, meta) in enumerate(zip(self._children, per_child)):
-                if fields is not None:  # a copy of the frozen output, at a fraction of replace()'s cost
-                    own = _new(kind)
-                    own_fields = fields.copy()
-                    own_fields["worker_meta"] = meta
-                    _set(own, "__dict__", own_fields)
-                else:
-                    own = replace(connector_output, worker_meta=meta)
+            try:
+                for child, meta in zip(children, per_child):
+                    _set(connector_output, "worker_meta", meta)  # the output is a frozen dataclass
+                    try:
+                        child.update_connector_output(connector_output)
+                    except Exception as exc:
+                        failures = self._failed_child(failures, child, exc)
+            finally:
+                _set(connector_output, "worker_meta", worker_meta)
+        if failures:
+            raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
+
+    def _pass_output(
+        self, engine_output: object, field: str, calls: tuple[Callable[[Any], None], ...],
+        per_child: tuple[object, ...] | None,
+    ) -> None:
+        """The engine's own output to each child's own member, the child's worker metadata in ``field``
+        for its call."""
+        failures: Failures | None = None
+        index = 0
+        shares = per_child if per_child is not None else (None,) * len(calls)
+        saved: object = getattr(engine_output, field)
+        try:
+            for call, meta in zip(calls, shares):
+                setattr(engine_output, field, meta)
                 try:
-                    child.update_connector_output(own)
+                    call(engine_output)
                 except Exception as exc:
                     failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                index += 1
+        finally:
+            setattr(engine_output, field, saved)
         if failures:
             raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
 

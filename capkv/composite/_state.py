@@ -9,7 +9,9 @@ themselves live in :mod:`~capkv.composite._scheduler_side` and
 
 from __future__ import annotations
 
+import math
 import uuid
+from collections.abc import Callable, Set as AbstractSet
 from typing import Any, TypeVar
 
 from capkv.capabilities._hma import StackNode
@@ -17,11 +19,23 @@ from capkv.composite._completion import DroppedReports, ReceiveTracker, SendTrac
 from capkv.composite._fanout import TOLD, Failures, bad_answer, failure
 from capkv.composite._finish import Finisher
 from capkv.composite._metadata import Book, MultiConnectorMetadata, MultiWorkerMetadata
+from capkv.composite._native import native_calls
+from capkv.composite._plan import Plan
 from capkv.contracts._connector import KVConnector
-from capkv.contracts._engine import LoadErrors, WorkerMetadata
+from capkv.contracts._engine import LoadErrors, Request, WorkerMetadata
+from capkv.contracts._spec import KVSpec
+from capkv.contracts._tiers import KnowsFailedLoads, KnowsForeignLoads, loads_slices
 from capkv.errors import MetadataError
 
-__all__ = ["UNSET", "StackState"]
+__all__ = ["UNSET", "ForeignLoads", "NativeStack", "StackState"]
+
+ForeignLoads = Callable[[Request, int, int, bool], None]
+"""A child's ``loaded_elsewhere`` (see :class:`~capkv.contracts._tiers.KnowsForeignLoads`)."""
+NativeStack = tuple[
+    tuple[Callable[[Any, Any, int], None], ...], tuple[Callable[[Any], None], ...], str, str, str
+]
+"""Every child's own ``update_state_after_alloc`` and ``update_connector_output``, and the carriers'
+attributes (engine blocks, engine output, its worker-metadata field): see :mod:`capkv.composite._native`."""
 
 _M = TypeVar("_M", MultiConnectorMetadata, MultiWorkerMetadata)
 UNSET: Any = object()
@@ -35,7 +49,20 @@ class StackState(StackNode):
         "_children",
         "_names",
         "_active",
-        "_load_choice",
+        "_plans",
+        "_slicing",
+        "_asked",
+        "_native",
+        "_foreign",
+        "_hear_failures",
+        "_loading",
+        "_early_reports",
+        "_early_failures",
+        "_promote",
+        "_alignment",
+        "_load_serial",
+        "_loaded_tokens",
+        "_promoted_tokens",
         "_savers",
         "_loads",
         "_unsent",
@@ -59,9 +86,27 @@ class StackState(StackNode):
     _children: tuple[KVConnector, ...]
     _names: tuple[str, ...]
     _active: tuple[KVConnector, ...]
-    _load_choice: dict[str, tuple[int, bool]]
+    _plans: dict[str, Plan]
+    _slicing: tuple[bool, ...]
+    _asked: tuple[tuple[KVConnector, bool], ...]
+    """Each child with whether it loads slices: how ``get_num_new_matched_tokens`` asks it."""
+    _native: NativeStack | None
+    """The children's own members and the carriers of the engine's objects, when every child takes them."""
+    _foreign: tuple[ForeignLoads | None, ...]
+    _hear_failures: tuple[Callable[[AbstractSet[str]], None], ...]
+    """The ``loads_failed`` of the children that have one (:class:`~capkv.contracts._tiers.KnowsFailedLoads`)."""
+    _loading: set[str]
+    """Requests whose loads the step being run started (worker side, from the books bound)."""
+    _early_reports: list[tuple[int, object]] | None
+    """Load errors children reported before ``wait_for_save`` (to tell the others), for the engine's call."""
+    _early_failures: Failures | None
+    _promote: bool
+    _alignment: int | None
+    _load_serial: int
+    _loaded_tokens: list[int]
+    _promoted_tokens: list[int]
     _savers: list[tuple[str, int]]
-    _loads: dict[str, int]
+    _loads: list[tuple[str, int, int]]
     _unsent: tuple[Book, ...]
     _origin: str
     _serial: int
@@ -80,13 +125,33 @@ class StackState(StackNode):
     _init_kwargs: dict[str, Any]
 
     def _setup(self, children: tuple[KVConnector, ...], names: tuple[str, ...], hma: bool,
-               init_kwargs: dict[str, Any]) -> None:
+               init_kwargs: dict[str, Any], *, promote: bool = False) -> None:
         """Fresh state for a stack over ``children`` (scheduler side and worker side)."""
         self._children = self._active = children
         self._names = names
-        self._load_choice = {}
+        self._plans = {}
+        self._slicing = tuple(loads_slices(child) for child in children)
+        self._asked = tuple(zip(children, self._slicing, strict=True))
+        natives = native_calls(children)
+        self._native = None if natives is None else (
+            tuple(n.update_state_after_alloc for n in natives),
+            tuple(n.update_connector_output for n in natives),
+            natives[0].blocks, natives[0].output, natives[0].worker_meta,
+        )
+        self._foreign = tuple(
+            child.loaded_elsewhere if isinstance(child, KnowsForeignLoads) else None for child in children
+        )
+        self._hear_failures = tuple(child.loads_failed for child in children if isinstance(child, KnowsFailedLoads))
+        self._loading = set()
+        self._early_reports = None
+        self._early_failures = None
+        self._promote = promote
+        self._alignment = None
+        self._load_serial = 0
+        self._loaded_tokens = [0] * len(children)
+        self._promoted_tokens = [0] * len(children)
         self._savers = []
-        self._loads = {}
+        self._loads = []
         self._unsent = ()
         self._origin = uuid.uuid4().hex
         self._serial = 0
@@ -120,6 +185,37 @@ class StackState(StackNode):
         each kind is logged as a warning on the ``capkv.composite`` logger.
         """
         return self._dropped
+
+    @property
+    def promote(self) -> bool:
+        """Whether blocks a later child loaded are saved by the earlier children too (warming the fast tiers)."""
+        return self._promote
+
+    @property
+    def loaded_tokens(self) -> tuple[int, ...]:
+        """Per child, in stack order: tokens the engine accepted from its slices of composed hits."""
+        return tuple(self._loaded_tokens)
+
+    @property
+    def promoted_tokens(self) -> tuple[int, ...]:
+        """Per child, in stack order: tokens loaded from later children that it was asked to save (promotion)."""
+        return tuple(self._promoted_tokens)
+
+    def loads_slices(self) -> bool:
+        """A stack loads a slice beyond the engine's local hit when every child does: it asks its
+        children beyond the start it is given, and a child that cannot would be asked beyond its own
+        idea of the local hit."""
+        return all(self._slicing)
+
+    def bind_kv_spec(self, spec: KVSpec, /) -> None:
+        """The engine's KV cache (:func:`capkv.check_stack` calls this): a slice of a composed hit that
+        another child continues must end on a boundary of every group's blocks."""
+        sizes = [group.block_size for group in spec.groups if group.block_size]
+        self._alignment = math.lcm(*sizes) if sizes else None
+        for child in self._children:
+            nested: object = getattr(child, "bind_kv_spec", None)
+            if isinstance(child, StackNode) and callable(nested):
+                nested(spec)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(map(repr, self._children))})"
@@ -174,9 +270,13 @@ class StackState(StackNode):
     def __getstate__(self) -> dict[str, object]:
         """The stack's bookkeeping (both sides), and a subclass's own attributes."""
         state: dict[str, object] = {
-            "load_choice": dict(self._load_choice),
+            "plans": dict(self._plans),
+            "alignment": self._alignment,
+            "load_serial": self._load_serial,
+            "loaded_tokens": list(self._loaded_tokens),
+            "promoted_tokens": list(self._promoted_tokens),
             "savers": list(self._savers),
-            "loads": dict(self._loads),
+            "loads": list(self._loads),
             "unsent": self._unsent,
             "origin": self._origin,
             "serial": self._serial,
@@ -185,6 +285,7 @@ class StackState(StackNode):
             "receives": self._receives.state(),
             "held": (self._held_sending, self._held_recving, self._held_errors, self._held_events,
                      self._held_worker_metas, self._held_stats),
+            "early": (set(self._loading), self._early_reports, self._early_failures),
         }
         own = getattr(self, "__dict__", None)
         if own:
@@ -192,9 +293,13 @@ class StackState(StackNode):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._load_choice = dict(state["load_choice"])
+        self._plans = dict(state["plans"])
+        self._alignment = state["alignment"]
+        self._load_serial = state["load_serial"]
+        self._loaded_tokens = list(state["loaded_tokens"])
+        self._promoted_tokens = list(state["promoted_tokens"])
         self._savers = list(state["savers"])
-        self._loads = dict(state["loads"])
+        self._loads = list(state["loads"])
         self._unsent = state["unsent"]
         self._origin = state["origin"]
         self._serial = state["serial"]
@@ -203,6 +308,7 @@ class StackState(StackNode):
         self._receives.restore(state["receives"])
         (self._held_sending, self._held_recving, self._held_errors, self._held_events,
          self._held_worker_metas, self._held_stats) = state["held"]
+        self._loading, self._early_reports, self._early_failures = state["early"]
         for name, value in state.get("__dict__", {}).items():
             setattr(self, name, value)
 

@@ -7,11 +7,10 @@ next call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set as AbstractSet
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, cast
 
-from capkv.composite._completion import Drop
 from capkv.composite._fanout import HELD, TOLD, Failures, bad_answer, failure
 from capkv.composite._metadata import NOT_BUILT, MultiConnectorMetadata, MultiWorkerMetadata, merge_worker_metas
 from capkv.composite._state import StackState
@@ -48,7 +47,8 @@ class WorkerSide(StackState):
             if book.serial > self._applied.get(book.origin, 0):
                 self._applied[book.origin] = book.serial
                 self._sends.expect(book.savers)
-                self._receives.expect(book.loaders)
+                self._receives.expect(book.loads)
+                self._loading.update(request_id for request_id, _, _ in book.loads)
         failures: Failures | None = None
         active: list[KVConnector] | None = None
         for index, (child, meta) in enumerate(zip(self._children, metadata.children)):
@@ -116,6 +116,10 @@ class WorkerSide(StackState):
             raise failure(type(self).__name__, self._names, "save_kv_layer", failures, TOLD)
 
     def wait_for_save(self) -> None:
+        """Every child's saves; first, when this step's loads failed anywhere, the children that save
+        learn which requests loaded this step (they save nothing of them until recomputed)."""
+        if self._loading and self._hear_failures:
+            self._tell_failed_loads()
         failures: Failures | None = None
         for child in self._active:
             try:
@@ -168,14 +172,14 @@ class WorkerSide(StackState):
                 if isinstance(child_recving, (set, frozenset)):
                     receives = self._receives
                     for request_id in cast("set[str]", child_recving):
-                        dropped: Drop | None = receives.report(index, request_id)
-                        if dropped is None:
+                        received = receives.report(index, request_id)
+                        if received is True:
                             if recving is None:
                                 recving = {request_id}
                             else:
                                 recving.add(request_id)
-                        else:
-                            self._dropped.add(self._names[index], dropped, request_id)
+                        elif received is not False:
+                            self._dropped.add(self._names[index], received, request_id)
                 else:
                     bad = bad_answer(self._names[index], "get_finished", answer, _IDS)
                     failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
@@ -185,19 +189,50 @@ class WorkerSide(StackState):
             raise failure(type(self).__name__, self._names, "get_finished", failures, HELD)
         return sending, recving
 
+    def _tell_failed_loads(self) -> None:
+        """Ask the children for this step's load errors now (kept for the engine's call); if any reported
+        one, tell the children that save which requests loaded this step: none of them saves their blocks
+        this step (a block computed on a failed load, or loaded as garbage, must not be stored anywhere)."""
+        reports = self._early_reports if self._early_reports is not None else []
+        failures = self._early_failures
+        failed = False
+        for index, child in enumerate(self._children):
+            try:
+                reported = cast(object, child.get_block_ids_with_load_errors())
+            except Exception as exc:  # raised again by the engine's call, as every child's error is
+                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                failed = True
+                continue
+            if reported:
+                reports.append((index, reported))
+                failed = True
+        self._early_reports, self._early_failures = reports, failures
+        if failed:
+            loading = frozenset(self._loading)
+            for tell in self._hear_failures:
+                tell(loading)
+
+    def loads_failed(self, request_ids: AbstractSet[str], /) -> None:
+        """A stack inside a stack: its children learn it too."""
+        for tell in self._hear_failures:
+            tell(request_ids)
+
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         """The union of the children's failed block ids, group by group."""
         errors: LoadErrors = self._held_errors or {}
         self._held_errors = None
-        failures: Failures | None = None
+        failures: Failures | None = self._early_failures
+        answers = self._early_reports  # what children reported before wait_for_save, if asked then
+        self._early_reports = self._early_failures = None
         for index, child in enumerate(self._children):
             try:
                 reported = cast(object, child.get_block_ids_with_load_errors())
             except Exception as exc:
                 failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
                 continue
-            if not reported:
-                continue
+            if reported:
+                answers = [(index, reported)] if answers is None else [*answers, (index, reported)]
+        for index, reported in answers or ():
             if not isinstance(reported, Mapping):
                 bad = bad_answer(
                     self._names[index], "get_block_ids_with_load_errors", reported,
@@ -210,6 +245,7 @@ class WorkerSide(StackState):
                     errors.setdefault(group, set()).update(block_ids)
         if failures:
             self._held_errors = errors
+            failures.sort(key=lambda item: item[0])
             raise failure(type(self).__name__, self._names, "get_block_ids_with_load_errors", failures, HELD)
         return errors
 
@@ -235,6 +271,7 @@ class WorkerSide(StackState):
 
     def clear_connector_metadata(self) -> None:
         self._active = self._children
+        self._loading.clear()
         self._tell("clear_connector_metadata")
 
     def get_handshake_metadata(self) -> object:

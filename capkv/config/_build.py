@@ -31,14 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capkv._homes import publish
-from capkv.config._loader import ConfiguredConnector, ConfiguredNode
+from capkv.composite._options import STACK_OPTIONS
+from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 from capkv.config._options import ConnectorOptions, declared_options
 from capkv.contracts._spec import KVSpec
 from capkv.errors import CapkvError, ConfigError
 
 __all__ = [
-    "FACTORY_HOOK", "BuildContext", "ConnectorFactory", "build_connector", "build_stack", "call_user_code",
-    "closed_on_error",
+    "FACTORY_HOOK", "BuildContext", "ConnectorFactory", "build_composite", "build_connector", "build_stack",
+    "call_user_code", "closed_on_error",
 ]
 
 FACTORY_HOOK = "from_extra_config"
@@ -127,10 +128,17 @@ def build_stack(
     with closed_on_error(children):
         for entry in node.entries:
             children.append(build_stack(entry, factory=factory, context=context))
-        return call_user_code(
-            lambda: node.cls(*children), f'{node.position + ": " if node.position else ""}cannot build "{node.name}"',
-            node.position or node.name, None,
-        )
+        return build_composite(node, children)
+
+
+def build_composite(node: ConfiguredStack, children: Sequence[object]) -> Any:
+    """``node``'s composite over its built ``children``, with the options its configuration gives
+    (:data:`~capkv.composite._options.STACK_OPTIONS`, e.g. ``{"connectors": [...], "promote": true}``)."""
+    options = {name: node.extra_config[name] for name in STACK_OPTIONS if name in node.extra_config}
+    return call_user_code(
+        lambda: node.cls(*children, **options), f'{node.position + ": " if node.position else ""}cannot build "{node.name}"',
+        node.position or node.name, None,
+    )
 
 
 @contextmanager

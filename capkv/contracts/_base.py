@@ -114,6 +114,18 @@ class KVConnectorBase(ABC, Generic[RequestT]):
         """Full CUDA graphs are fine; override as for :meth:`get_required_kvcache_layout`."""
         return False
 
+    @class_level
+    def loads_slices(cls) -> bool:
+        """Whether the connector loads a slice that starts beyond the engine's local hit: no.
+
+        Say ``True`` (class-level, like the facts above) when ``get_num_new_matched_tokens``
+        takes ``num_computed_tokens`` as "every token before this is in the engine's
+        blocks by the time the request runs" and the load then writes only blocks from
+        there on (and never the null block): a :class:`~capkv.MultiConnector` then asks
+        it beyond what earlier children load, so tiers' hits add up.
+        """
+        return False
+
     def set_xfer_handshake_metadata(
         self, metadata: Mapping[int, HandshakeMetadata], /
     ) -> None:

@@ -76,6 +76,20 @@ class PagedKVCache:
             tensor = self.tensors[name]
             tensor.index_fill_(1, index, self._poison_value(tensor))
 
+    def null_block_written(self) -> tuple[GroupLayout, str] | None:
+        """The first group and layer whose null block no longer holds the poison: someone wrote it.
+
+        The engine never writes the null block (it stands in for blocks outside a sliding window), so
+        a connector that copied into it wrote a block the engine did not allocate.
+        """
+        for name, group in self.group_of_layer.items():
+            block = self.tensors[name].select(1, self.null_block_id)
+            poison = self._poison_value(block)
+            intact = torch.isnan(block).all() if poison != poison else (block == poison).all()
+            if not bool(intact):
+                return group, name
+        return None
+
     @staticmethod
     def _poison_value(tensor: torch.Tensor) -> float:
         """NaN for float dtypes, else the minimum integer."""

@@ -13,12 +13,15 @@ from collections.abc import Mapping, Set as AbstractSet
 from dataclasses import dataclass
 from typing import cast
 
+import torch
+
 from capkv.capabilities._hma import describe
 
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import KVConnectorOutput
 from capkv.engine._compute import KVFunction
 from capkv.engine._kv_cache import PagedKVCache, Slots
+from capkv.engine._model import GroupLayout
 from capkv.engine._outputs import ForwardContext, Mismatch, ModelRunnerOutput, SchedulerOutput
 from capkv.engine._request import Request
 from capkv.engine._stats import EngineStats
@@ -64,6 +67,7 @@ class Worker:
         mismatches: list[Mismatch] = []
         if output.scheduled:
             self._forward(output, mismatches)
+        self._check_null_block()
         with self.stats.transferring():
             connector.wait_for_save()
             sending, recving = connector.get_finished(output.finished_req_ids)
@@ -85,6 +89,21 @@ class Worker:
                 invalid_block_ids={g: frozenset(ids) for g, ids in invalid.items()},
             ),
             mismatches,
+        )
+
+    def _check_null_block(self) -> None:
+        """Refuse a load into the null block: the engine holds it in every sliding-window place outside the
+        window (also where a front tier's slice of a composed hit lies), and it is no block of any request."""
+        written = self.cache.null_block_written()
+        if written is None:
+            return
+        group, layer = written
+        name = describe(self.connector)
+        raise ContractError(
+            f'"{name}" wrote into the null block (block {self.cache.null_block_id}, group {group.index}, layer '
+            f"{layer}): the engine holds it in place of the blocks a sliding window no longer reads; a load must "
+            "skip null ids (the engine did not allocate that block for the request)",
+            connector=name, method="start_load_kv", group=group.index, value=self.cache.null_block_id,
         )
 
     def _load_errors(self) -> dict[int, set[int]]:
@@ -117,13 +136,14 @@ class Worker:
         """Every layer: wait for its load, check loaded KV, write this step's KV, hand it to the connector."""
         connector = self.connector
         shape = self.cache.shape
-        seeds = self.kv_function.seeds([h for s in output.scheduled for h in s.request.prefix_hashes(s.start, s.stop)])
-        slots = {
-            group.index: Slots.concat(
-                [self.cache.slots(group, s.block_ids[group.index], range(s.start, s.stop)) for s in output.scheduled]
-            )
-            for group in shape.groups
-        }
+        hashes = [h for s in output.scheduled for h in s.request.prefix_hashes(s.start, s.stop)]
+        seeds = self.kv_function.seeds(hashes)
+        # A position in a null block has no slot: after a failed load the engine recomputes from the
+        # failed block, and a sliding-window group may hold the null block there (it was outside the
+        # window of the whole hit). Its KV is not stored — the null block is no block of the request.
+        placed = {group.index: self._slots(output, group) for group in shape.groups}
+        slots = {index: where for index, (where, _) in placed.items()}
+        kept = {index: keep for index, (_, keep) in placed.items()}
         for layer in self.layer_names:
             group = self.cache.group_of_layer[layer]
             with self.stats.transferring():
@@ -135,11 +155,29 @@ class Worker:
                             s.request, group, layer, s.block_ids[group.index],
                             s.load_check.start, s.load_check.stop, when="after load",
                         )
-            self.cache.write(layer, slots[group.index], self.kv_function.kv(layer, seeds))
+            kv = self.kv_function.kv(layer, seeds)
+            keep = kept[group.index]
+            self.cache.write(layer, slots[group.index], kv if keep is None else kv.index_select(1, keep))
             with self.stats.transferring():
                 connector.save_kv_layer(
                     layer, self.cache.tensors[layer], LayerAttentionMetadata(group.index, slots[group.index])
                 )
+
+
+    def _slots(self, output: SchedulerOutput, group: GroupLayout) -> tuple[Slots, torch.Tensor | None]:
+        """Where the step's positions go in ``group``, null blocks left out; and which of the step's
+        positions (in scheduling order) that keeps (``None``: all of them)."""
+        parts: list[Slots] = []
+        kept: list[int] = []
+        offset = 0
+        for s in output.scheduled:
+            part = self.cache.slots(group, s.block_ids[group.index], range(s.start, s.stop), skip_null=True)
+            parts.append(part)
+            kept += [offset + position - s.start for position in part.positions]
+            offset += s.stop - s.start
+        if len(kept) == offset:
+            return Slots.concat(parts), None
+        return Slots.concat(parts), torch.tensor(kept, dtype=torch.int64, device=self.cache.device)
 
 
 def _as_set(value: object) -> AbstractSet[object] | None:

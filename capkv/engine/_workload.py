@@ -45,7 +45,7 @@ class Workload:
     def requests(self, tag: str = "req") -> list[Request]:
         """The workload's requests (the same tokens every call; ids ``{tag}-{i}``)."""
         rng = random.Random(self.seed)
-        prefixes = [[rng.randrange(self.vocab_size) for _ in range(self.prefix_len)] for _ in range(self.num_prefixes)]
+        prefixes = self._prefixes(rng)
         return [
             Request(
                 f"{tag}-{i}",
@@ -54,6 +54,24 @@ class Workload:
             )
             for i in range(self.num_requests)
         ]
+
+    def prefix_heads(self, tokens: int, tag: str = "head") -> list[Request]:
+        """One request per shared prefix, prompted with its first ``tokens`` tokens (ids ``{tag}-{i}``).
+
+        Served through a store, it leaves the store holding the first part of every prefix and
+        nothing of the rest — the shape of a small front tier in front of a complete one.
+        """
+        require_int(tokens, "Workload.prefix_heads", "tokens", minimum=1)
+        if tokens > self.prefix_len:
+            raise ConfigError(
+                f"Workload.prefix_heads: tokens={tokens} is more than the prefixes' {self.prefix_len}",
+                method="Workload.prefix_heads", value=tokens,
+            )
+        prefixes = self._prefixes(random.Random(self.seed))
+        return [Request(f"{tag}-{i}", prefix[:tokens], max_tokens=1) for i, prefix in enumerate(prefixes)]
+
+    def _prefixes(self, rng: random.Random) -> list[list[int]]:
+        return [[rng.randrange(self.vocab_size) for _ in range(self.prefix_len)] for _ in range(self.num_prefixes)]
 
     @property
     def prompt_tokens(self) -> int:

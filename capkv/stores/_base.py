@@ -28,6 +28,7 @@ arrive through the same ``StoreWorker._save``.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ from capkv.stores._scheduler import StoreIndex, StoreScheduler
 from capkv.stores._worker import StoreWorker
 from capkv.contracts._arguments import require_instance
 from capkv.contracts._base import KVConnectorBase
+from capkv.contracts._class_level import class_level
 from capkv.contracts._engine import (
     AttentionMetadata,
     BlockIds,
@@ -109,6 +111,20 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
 
     def update_state_after_alloc(self, request: ComputedTokenRequest, blocks: BlockIds, num_external_tokens: int, /) -> None:
         self._scheduler.allocated(request, blocks, num_external_tokens)
+
+    @class_level
+    def loads_slices(cls) -> bool:
+        """Yes: a hit is offered from ``num_computed_tokens`` on, and loaded from there into the
+        blocks the engine holds (never the null block), so stores' hits add up in a stack."""
+        return True
+
+    def loaded_elsewhere(self, request: ComputedTokenRequest, start: int, end: int, save: bool, /) -> None:
+        """Another child of the stack loaded ``[start, end)``: not saved here unless the stack promotes."""
+        self._scheduler.loaded_elsewhere(request.request_id, start, end, save)
+
+    def loads_failed(self, request_ids: AbstractSet[str], /) -> None:
+        """A load of these requests failed this step (in another child, maybe): save nothing of them this step."""
+        self._worker.loads_failed(request_ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> StoreMetadata:
         return self._scheduler.build(scheduler_output)

@@ -36,7 +36,7 @@ nor releases them early.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from capkv.stores._hits import GroupGeometry, longest_hit
@@ -117,6 +117,9 @@ class _Live:
     a sliding window dropped blocks: only blocks inside the window are ever read)."""
     next_block: list[int]
     """Per group, the first block whose save is not yet decided."""
+    foreign: list[tuple[int, int]] = field(default_factory=lambda: list[tuple[int, int]]())
+    """Token ranges other connectors of a stack loaded and this store must not save (see
+    :meth:`StoreScheduler.loaded_elsewhere`); a new allocation starts afresh."""
 
 
 _Candidate = tuple[int, int, int]
@@ -232,6 +235,7 @@ class StoreScheduler:
             )
         else:  # allocated again (resumed after a preemption): the scheduler output will say the table
             live.request, live.keys = request, keys
+            live.foreign = []
         if accepted is None:
             return
         start, end = accepted
@@ -293,6 +297,13 @@ class StoreScheduler:
             )
         return start, end
 
+    def loaded_elsewhere(self, request_id: str, start: int, end: int, save: bool) -> None:
+        """Tokens ``[start, end)`` of an allocated request were loaded by another connector of the
+        stack: saved here only when ``save`` (the stack promotes them into this store)."""
+        live = self._live.get(request_id)
+        if live is not None and not save and end > start:
+            live.foreign.append((start, end))
+
     # ---- saves ---------------------------------------------------------------------
 
     def finished(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> bool:
@@ -308,11 +319,11 @@ class StoreScheduler:
         keys.update(request.all_token_ids)
         self._check_block_ids(block_ids, method)
         computed = self._computed_tokens(request, method)
-        candidates = sorted(
+        candidates = _own(sorted(
             ((block + 1) * geometry.block_size, group, block)
             for group, geometry in enumerate(self._geometry)
             for block in range(min(computed // geometry.block_size, len(block_ids[group])))
-        )
+        ), self._geometry, live.foreign if live is not None else None)
         self._look_up(
             [(keys, group, block) for _, group, block in candidates if block_ids[group][block] != self._null], method
         )
@@ -331,7 +342,7 @@ class StoreScheduler:
             live.next_block[group] = first
             table = live.tables[group]
             candidates += (((b + 1) * size, group, b) for b in range(first, min(after // size, len(table))))
-        return sorted(candidates)
+        return _own(sorted(candidates), self._geometry, live.foreign)
 
     def _look_up(self, wanted: list[tuple[RequestKeys, int, int]], method: str) -> None:
         """Tell a batched index every ``(keys, group, block)`` about to be asked about: one round trip."""
@@ -523,6 +534,18 @@ class StoreScheduler:
                 connector=self._owner, method=method, value=count,
             )
         return count
+
+
+def _own(
+    candidates: list[_Candidate], geometry: Sequence[GroupGeometry], foreign: list[tuple[int, int]] | None
+) -> list[_Candidate]:
+    """``candidates`` without the blocks that lie within a range another connector loaded."""
+    if not foreign:
+        return candidates
+    return [
+        (end, group, block) for end, group, block in candidates
+        if not any(start <= end - geometry[group].block_size and end <= stop for start, stop in foreign)
+    ]
 
 
 def _reader(tables: list[list[int]]) -> Callable[[int, int], int]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, cast
 
 from capkv.contracts._engine import LoadErrors
@@ -245,6 +245,10 @@ class StoreWorker:
         for move in metadata.saves:
             job = self._start_save(move, "start_load_kv")
             self._sending.setdefault(move.request_id, []).append(job.copied)
+
+    def loads_failed(self, request_ids: Collection[str]) -> None:
+        """Loads of these requests failed this step elsewhere in a stack: they save nothing this step."""
+        self._load_failed.update(request_ids)
 
     def save_computed(self, metadata: StoreMetadata) -> None:
         """Start saving the blocks this step filled; order the engine's stream after the copies."""

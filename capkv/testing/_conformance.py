@@ -2,7 +2,9 @@
 
 For each layout (several KV-cache group counts, windows, block sizes, dtypes) and
 each placement — alone, first in ``MultiConnector(yours, CPUOffloadConnector)``,
-second in ``MultiConnector(CPUOffloadConnector, yours)`` — a fresh connector from
+second in ``MultiConnector(CPUOffloadConnector, yours)``, and, for a connector
+that loads slices (``loads_slices()``), behind a front tier that offers only the
+first part of each prefix, so yours is asked beyond the local hit — a fresh connector from
 the author's factory serves a workload cold (the engine computes and the
 connector may save), then warm (the engine forgot its prefix cache and poisoned
 its KV, so prefixes must come back through the connector). The engine verifies
@@ -17,11 +19,12 @@ and their timing was not.
 
 from __future__ import annotations
 
+import math
 import traceback
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -30,7 +33,9 @@ from capkv.capabilities._hma import describe, supports_hma
 from capkv.composite._multi import MultiConnector
 from capkv.connectors._cpu_offload import CPUOffloadConnector
 from capkv.contracts._connector import KVConnector
+from capkv.contracts._engine import ComputedTokenRequest
 from capkv.contracts._spec import KVSpec
+from capkv.contracts._tiers import loads_slices
 from capkv.devmode._mode import dev_mode
 from capkv.engine._engine import Engine
 from capkv.engine._model import ModelShape
@@ -49,6 +54,7 @@ ConformanceFactory = Callable[[KVSpec], KVConnector[Any]]
 _ALONE = "alone"
 _FIRST = "first in Multi(yours, CPUOffload)"
 _SECOND = "second in Multi(CPUOffload, yours)"
+_BEHIND = "behind a front tier: Multi(CPUOffload's first part, yours)"
 _LOADS_FIRST = (_ALONE, _FIRST)
 _IDLE_STEPS = 3
 """Idle engine steps between the cold and the warm run: worker reports reach the scheduler side."""
@@ -118,7 +124,9 @@ def check_connector(
                 _shutdown_quietly(probe)
                 not_served.append(f"{layout}: {name} is not HMA-capable (no request_finished_all_groups)")
                 continue
-            placements = (_ALONE, _FIRST, _SECOND) if stacks else (_ALONE,)
+            placements: tuple[str, ...] = (_ALONE, _FIRST, _SECOND) if stacks else (_ALONE,)
+            if stacks and loads_slices(probe):
+                placements += (_BEHIND,)
             for placement in placements:
                 connector = probe if placement == _ALONE else None
                 results.append(_scenario(factory, shape, placement, options, connector))
@@ -141,7 +149,7 @@ def _scenario(
 ) -> ScenarioResult:
     layout = describe_layout(shape)
     try:
-        cold, warm = _serve(factory, shape, placement, options, connector, scrub=True)
+        cold, warm, yours = _serve(factory, shape, placement, options, connector, scrub=True)
     except _Failed as failure:
         message = failure.message
         if failure.verification and _passes_unscrubbed(factory, shape, placement, options):
@@ -157,6 +165,14 @@ def _scenario(
         layout, placement, tuple(g.loaded_tokens for g in cold.groups), loaded, warm.prompt_tokens
     )
     empty = [index for index, tokens in enumerate(loaded) if tokens == 0]
+    if options.require_loads and placement == _BEHIND and not yours:
+        return ScenarioResult(
+            result.layout, result.placement, result.cold_loaded_tokens, loaded, result.warm_prompt_tokens,
+            "the warm run loaded nothing through the connector behind a front tier that offers only the first "
+            f"{_head(shape, options.workload)} tokens of each prefix, though the connector says it loads slices "
+            "(loads_slices() is True): asked get_num_new_matched_tokens(request, n) beyond the engine's local hit, it "
+            "must offer what it holds from token n on (the tokens before n are loaded by the tier in front)",
+        )
     if options.require_loads and placement in _LOADS_FIRST and empty:
         return ScenarioResult(
             result.layout, result.placement, result.cold_loaded_tokens, loaded, result.warm_prompt_tokens,
@@ -178,12 +194,13 @@ def _serve(
     connector: KVConnector[Any] | None,
     *,
     scrub: bool,
-) -> tuple[EngineStats, EngineStats]:
-    """Cold and warm runs; the engine's statistics of each."""
+) -> tuple[EngineStats, EngineStats, int]:
+    """Cold and warm runs: the engine's statistics of each, and the tokens the warm run loaded from the
+    author's connector when it sits in a stack."""
     spec = shape.kv_spec()
     try:
         connector = connector if connector is not None else factory(spec)
-        stack = _place(connector, spec, placement)
+        stack = _place(connector, spec, placement, _head(shape, options.workload))
     except Exception as error:  # the author's code
         raise _Failed(f"building the connector failed: {_explain(error)}") from error
     phase = "before serving"
@@ -201,8 +218,10 @@ def _serve(
         engine.stats.reset()
         engine.reset_prefix_cache()
         phase = "warm run"
+        before = _loaded_by_children(engine.connector)
         engine.run(options.workload.requests("warm"))
         warm = engine.stats.snapshot()
+        after = _loaded_by_children(engine.connector)
         phase = "shutdown"
         engine.shutdown()
     except VerificationError as error:
@@ -212,16 +231,46 @@ def _serve(
         if phase != "shutdown":
             _shutdown_quietly(stack)
         raise _Failed(f"{phase}: {_explain(error)}") from error
-    return cold, warm
+    position = 0 if placement == _FIRST else 1
+    yours = after[position] - before[position] if len(after) > position else 0
+    return cold, warm, yours
 
 
-def _place(connector: KVConnector[Any], spec: KVSpec, placement: str) -> KVConnector[Any]:
+def _loaded_by_children(stack: object) -> tuple[int, ...]:
+    loaded: object = getattr(stack, "loaded_tokens", ())
+    return cast("tuple[int, ...]", loaded) if isinstance(loaded, tuple) else ()
+
+
+def _place(connector: KVConnector[Any], spec: KVSpec, placement: str, head: int) -> KVConnector[Any]:
     if placement == _ALONE:
         return connector
+    if placement == _BEHIND:
+        return MultiConnector(_FrontTier(spec, head=head), connector)
     capkv_side = CPUOffloadConnector(spec, capacity_blocks=2048)
     if placement == _FIRST:
         return MultiConnector(connector, capkv_side)
     return MultiConnector(capkv_side, connector)
+
+
+def _head(shape: ModelShape, workload: Workload) -> int:
+    """How much of each prefix the front tier offers: about half, on a boundary of every group's blocks."""
+    step = math.lcm(*(group.block_size for group in shape.groups))
+    return max(step, workload.prefix_len // 2 // step * step)
+
+
+class _FrontTier(CPUOffloadConnector):
+    """A host pool that offers only each prompt's first ``head`` tokens: a small front tier, so the
+    connector behind it is asked for the rest — a slice that starts beyond the engine's local hit."""
+
+    def __init__(self, spec: KVSpec, *, head: int) -> None:
+        super().__init__(spec, capacity_blocks=2048)
+        self._head = head
+
+    def get_num_new_matched_tokens(self, request: ComputedTokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
+        tokens, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if tokens is None:
+            return tokens, load_async
+        return max(0, min(tokens, self._head - num_computed_tokens)), load_async
 
 
 def _passes_unscrubbed(factory: ConformanceFactory, shape: ModelShape, placement: str, options: _Options) -> bool:

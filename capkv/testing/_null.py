@@ -10,7 +10,7 @@ adds that member and is HMA-capable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set as AbstractSet
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -39,17 +39,23 @@ class NullConnector(KVConnectorBase[Request]):
     """A single-group connector that loads and saves nothing and records every call.
 
     Set its answers before the call that returns them: ``hit`` and
-    ``load_async`` (``get_num_new_matched_tokens``), ``delay_free`` and ``params``
+    ``load_async`` (``get_num_new_matched_tokens``; a callable ``hit`` is called with
+    ``num_computed_tokens``), ``slices`` (``loads_slices``: may a stack ask it beyond the
+    local hit), ``delay_free`` and ``params``
     (finishes), ``finished`` (the next ``get_finished``, then reset),
     ``load_errors``, ``events`` (the next ``take_events``, then reset),
     ``layout``, ``finished_count``, ``piecewise``, ``handshake``, ``pool``,
     ``stats``, ``worker_meta``, and ``shutdown_error`` (raised by ``shutdown``).
     """
 
-    def __init__(self, name: str = "", *, hit: int | None = 0, load_async: bool = False) -> None:
+    def __init__(
+        self, name: str = "", *, hit: int | None | Callable[[int], int | None] = 0, load_async: bool = False,
+        slices: bool = False,
+    ) -> None:
         self.name = name
         self.hit = hit
         self.load_async = load_async
+        self.slices = slices
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         """``(method, arguments)`` of every recorded call, in order."""
         self.delay_free = False
@@ -80,10 +86,20 @@ class NullConnector(KVConnectorBase[Request]):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int, /) -> tuple[int | None, bool]:
         self._record("get_num_new_matched_tokens", request, num_computed_tokens)
-        return self.hit, self.load_async
+        hit = self.hit
+        return (hit(num_computed_tokens) if callable(hit) else hit), self.load_async
 
     def update_state_after_alloc(self, request: Request, blocks: BlockIds, num_external_tokens: int, /) -> None:
         self._record("update_state_after_alloc", request, blocks, num_external_tokens)
+
+    def loads_slices(self) -> bool:
+        return self.slices
+
+    def loaded_elsewhere(self, request: Request, start: int, end: int, save: bool, /) -> None:
+        self._record("loaded_elsewhere", request, start, end, save)
+
+    def loads_failed(self, request_ids: AbstractSet[str], /) -> None:
+        self._record("loads_failed", set(request_ids))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> object:
         self._record("build_connector_meta", scheduler_output)

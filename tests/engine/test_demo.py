@@ -135,3 +135,37 @@ def test_connector_totals_add_up_steps_and_stacked_children() -> None:
     assert stats.connector_total("loaded_blocks") == 3
     assert stats.connector_total("loaded_bytes") == 0, "reported statistics without the counter: zero"
     assert EngineStats(1).connector_total("saved_bytes") is None, "no statistics at all: unknown"
+
+
+TIERED = [*SMALL, "--tiered", "--prefixes", "6", "--cpu-blocks", "96", "--max-tokens", "16"]
+"""A front tier (96 blocks) smaller than the working set (6 prefixes and 6 requests' own blocks, 3 groups)."""
+
+
+def _warm_computed(out: str) -> int:
+    row = re.search(r"^  tokens computed +(\S+) +(\S+)$", out, re.MULTILINE)
+    assert row is not None, out
+    return int(row.group(2).replace(",", ""))
+
+
+def test_tiered_workload_computes_no_more_than_one_large_store(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *TIERED]) == 0
+    out = capsys.readouterr().out
+    loaded = dict(re.findall(r"^  tokens loaded from (#\d \w+) +\S+ +(\S+)$", out, re.MULTILINE))
+    assert set(loaded) == {"#1 CPUOffloadConnector", "#2 FileStoreConnector"}, out
+    assert all(int(v.replace(",", "")) > 0 for v in loaded.values()), "both tiers serve parts of the warm hits"
+    assert "tokens promoted into" not in out
+    assert main(["demo", *TIERED, "--stack", "file"]) == 0
+    one_store = capsys.readouterr().out
+    assert "tokens loaded from" not in one_store
+    assert _warm_computed(out) == _warm_computed(one_store)
+
+
+def test_promotion_is_shown_per_tier(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *TIERED, "--promote"]) == 0
+    out = capsys.readouterr().out
+    promoted = re.search(r"^  tokens promoted into #1 CPUOffloadConnector +(\S+) +(\S+)$", out, re.MULTILINE)
+    assert promoted is not None and promoted.groups() != ("0", "0"), out
+    assert "tokens promoted into #2" not in out, "the last tier has nothing behind it"
+    assert out.rstrip().endswith("against recomputation)")
+    assert main(["demo", *SMALL, "--stack", "file", "--promote"]) == 2
+    assert "--promote needs a stack of tiers" in capsys.readouterr().err

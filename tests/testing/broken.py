@@ -89,3 +89,25 @@ class WrongGroupLoadErrors(BlockStore):
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         errors, self.errors = self.errors, {}
         return errors
+
+
+class SlicesClaimed(BlockStore):
+    """Says it loads slices, but offers a hit only when asked at the start of the prompt."""
+
+    def loads_slices(self) -> bool:
+        return True
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int, /) -> tuple[int | None, bool]:
+        if num_computed_tokens:
+            return 0, False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+
+class WritesNullBlocks(BlockStore):
+    """Loads every block of its slice, the null block included (the sliding-window places outside the window)."""
+
+    def update_state_after_alloc(self, request: Request, blocks: BlockIds, num_external_tokens: int, /) -> None:
+        nulls = tuple([i if i != self.spec.null_block_id else -1 for i in table] for table in blocks)
+        super().update_state_after_alloc(request, nulls, num_external_tokens)
+        for _, copies in self.pending_loads:
+            copies[:] = [c if c.block_id != -1 else type(c)(c.key, c.group, self.spec.null_block_id) for c in copies]

@@ -27,7 +27,7 @@ ONE_GROUP, TWO_GROUPS = DEFAULT_LAYOUTS[0], DEFAULT_LAYOUTS[2]
 
 def test_cpu_offload_connector_conforms() -> None:
     report = assert_conformant(lambda spec: CPUOffloadConnector(spec, capacity_blocks=2048))
-    assert report.hma and len(report.results) == 3 * len(DEFAULT_LAYOUTS) and not report.not_served
+    assert report.hma and len(report.results) == 4 * len(DEFAULT_LAYOUTS) and not report.not_served
     for result in report.results:  # every group loads in the warm run, wherever the connector sits
         assert all(tokens > 0 for tokens in result.warm_loaded_tokens), result
 
@@ -48,7 +48,29 @@ def test_single_group_connector_is_served_on_one_group_layouts_only() -> None:
     assert len(report.not_served) == len(DEFAULT_LAYOUTS) - 2
     assert all("not HMA-capable" in why for why in report.not_served)
     # 6 requests of 133 prompt tokens, one left to compute: 128 tokens each load, in 16- or 32-token blocks
-    assert [r.warm_loaded_tokens for r in report.results] == [(768,)] * 6
+    assert [r.warm_loaded_tokens for r in report.results] == [(768,)] * 8  # 2 layouts x 4 placements
+
+
+def test_a_connector_that_loads_slices_is_served_behind_a_front_tier() -> None:
+    report = assert_conformant(lambda spec: CPUOffloadConnector(spec, capacity_blocks=2048), layouts=[TWO_GROUPS])
+    behind = [r for r in report.results if r.placement.startswith("behind a front tier")]
+    assert len(behind) == 1 and behind[0].warm_loaded_tokens == (6 * 128, 6 * 32), "the two tiers load it all"
+
+
+def test_a_connector_that_loads_no_slices_is_not_served_behind_a_front_tier() -> None:
+    report = check_connector(lambda spec: HMANullConnector(), layouts=[ONE_GROUP], require_loads=False)
+    assert [r.placement for r in report.results] == [
+        "alone", "first in Multi(yours, CPUOffload)", "second in Multi(CPUOffload, yours)"]
+
+
+def test_a_connector_claiming_slices_it_does_not_load_fails() -> None:
+    (failure,) = _failures(broken.SlicesClaimed, layouts=[ONE_GROUP])
+    assert failure.startswith("the warm run loaded nothing through the connector behind a front tier"), failure
+
+
+def test_a_connector_that_writes_the_null_block_fails() -> None:
+    (failure,) = _failures(broken.WritesNullBlocks, layouts=[TWO_GROUPS], stacks=False)
+    assert "wrote into the null block (block 0, group 1" in failure, failure
 
 
 def test_report_says_what_loaded_per_group() -> None:

@@ -93,3 +93,11 @@ MultiConnector(hma, "disk")  # expect-error
 # ^ mypy+plugin: MultiConnector: sub-connector #2 "str" is not a KVConnector (it has none of the contract's members)  [capkv-connector]
 MultiConnector(object())  # expect-error
 # ^ mypy+plugin: MultiConnector: sub-connector #1 "object" is not a KVConnector (it has none of the contract's members)  [capkv-connector]
+
+# promote=: the stack's own option keeps its children's types and capability.
+assert_type(MultiConnector(hma, tok, promote=True), HMAMultiConnector[Offload, PrefixStore])
+assert_type(MultiConnector(hma, plain, promote=False), MultiConnector[Offload, Disk])
+needs_hma(MultiConnector(hma, plain, promote=True))  # expect-error
+# ^ mypy+plugin: "MultiConnector" is not HMA-capable: sub-connector #2 "Disk" does not implement SupportsHMA (missing request_finished_all_groups); an HMA stack needs every child to  [capkv-hma]
+needs_hma(MultiConnector(MultiConnector(hma, plain, promote=True), hma))  # expect-error
+# ^ mypy+plugin: "MultiConnector" is not HMA-capable: sub-connector #1.2 "Disk" does not implement SupportsHMA (missing request_finished_all_groups); an HMA stack needs every child to  [capkv-hma]

@@ -84,6 +84,7 @@ def serve(
     runs: int = 1,
     kv_transfer_config: Mapping[str, Any] | None = None,
     disable_hybrid_kv_cache_manager: bool | None = None,
+    block_size: int = BLOCK_SIZE,
     cache_salt: str | None = None,
     **llm_options: Any,
 ) -> Served:
@@ -94,8 +95,8 @@ def serve(
     with watchdog(WATCHDOG_SECONDS, "serving the tiny model"):
         return _serve(
             model, prompts, max_tokens=max_tokens, runs=runs, kv_transfer_config=kv_transfer_config,
-            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager, cache_salt=cache_salt,
-            llm_options=llm_options,
+            disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager, block_size=block_size,
+            cache_salt=cache_salt, llm_options=llm_options,
         )
 
 
@@ -107,6 +108,7 @@ def _serve(
     runs: int,
     kv_transfer_config: Mapping[str, Any] | None,
     disable_hybrid_kv_cache_manager: bool | None,
+    block_size: int,
     cache_salt: str | None,
     llm_options: Mapping[str, Any],
 ) -> Served:
@@ -119,7 +121,7 @@ def _serve(
         skip_tokenizer_init=True,
         enforce_eager=True,
         dtype="bfloat16",
-        block_size=BLOCK_SIZE,
+        block_size=block_size,
         num_gpu_blocks_override=NUM_BLOCKS,
         max_model_len=2048,
         seed=0,

@@ -21,13 +21,18 @@ LAYERS = 4
 WINDOW = 64
 
 
-def write_model(root: Path, *, seed: int = 1234, hybrid: bool = True) -> Path:
+def write_model(
+    root: Path, *, seed: int = 1234, hybrid: bool = True, layers: int = LAYERS, hidden: int = HIDDEN,
+    heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM,
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` under ``root``; returns ``root``.
 
-    ``hybrid=False`` makes every layer full attention (one KV-cache group).
+    ``hybrid=False`` makes every layer full attention (one KV-cache group). The sizes default to the
+    tiny test model; ``benchmarks/vllm_ttft.py`` writes a larger one, whose prefill dominates.
     """
     from safetensors.torch import save_file
 
+    HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS = hidden, heads, kv_heads, head_dim, layers  # noqa: N806
     root.mkdir(parents=True, exist_ok=True)
     config = {
         "architectures": ["LlamaForCausalLM"],
@@ -53,8 +58,10 @@ def write_model(root: Path, *, seed: int = 1234, hybrid: bool = True) -> Path:
     (root / "config.json").write_text(json.dumps(config, indent=1))
     gen = torch.Generator().manual_seed(seed)
 
+    fan_in = (128 / HIDDEN) ** 0.5  # the tiny model's scales, kept for wider layers (1.0 at hidden 128)
+
     def rand(*shape: int, scale: float) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16)
+        return (torch.randn(*shape, generator=gen) * scale * (fan_in if shape[-1] == HIDDEN else 1.0)).to(torch.bfloat16)
 
     q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     weights = {

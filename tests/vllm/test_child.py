@@ -220,7 +220,11 @@ def test_block_ids_become_kv_cache_blocks_and_carried_blocks_pass_through() -> N
     carried = block_ids_from_vllm(original)
     assert carried == ([3], [4])
     child.update_state_after_alloc(request(), carried, 16)
-    assert child.wrapped.calls[-1][1][0] is original
+    passed = child.wrapped.calls[-1][1][0]
+    assert isinstance(passed, KVCacheBlocks) and passed.blocks is original.blocks, "the engine's own blocks"
+    first, second = passed.get_block_ids(), passed.get_block_ids()
+    assert first == second == ([3], [4]) and first[0] is not second[0], "ids read once, handed out as fresh lists"
+    assert passed.get_block_ids(group_ids=[1]) == ([4],)
 
 
 def test_update_connector_output_translates_capkv_output() -> None:

@@ -9,10 +9,10 @@ so the child passes the originals on instead of rebuilding them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Mapping as Mapping  # dev mode resolves the inherited fields' hints here
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal, overload
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
@@ -40,10 +40,37 @@ class VllmBlockIds(tuple[list[int], ...]):
     kv_cache_blocks: KVCacheBlocks
 
 
+class _ReadBlocks(KVCacheBlocks):
+    """vLLM's blocks whose ids were read once already: ``get_block_ids()`` hands out fresh copies of them
+    rather than reading every block again for each wrapped child (vLLM's composite has each child read them)."""
+
+    def __init__(self, blocks: KVCacheBlocks, ids: tuple[list[int], ...]) -> None:
+        super().__init__(blocks.blocks)
+        self._ids = ids
+
+    @overload
+    def get_block_ids(
+        self, allow_none: Literal[False] = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...]: ...
+    @overload
+    def get_block_ids(
+        self, allow_none: Literal[True] = True, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None: ...
+    def get_block_ids(
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        ids = self._ids if group_ids is None else tuple(self._ids[group] for group in group_ids)
+        if allow_none and all(not group for group in ids):
+            return None
+        return tuple([group.copy() for group in ids])
+
+
 def block_ids_from_vllm(blocks: KVCacheBlocks) -> BlockIds:
-    """vLLM's ``KVCacheBlocks`` as capkv's block ids, carrying the original for wrapped vLLM children."""
-    ids = VllmBlockIds(blocks.get_block_ids())
-    ids.kv_cache_blocks = blocks
+    """vLLM's ``KVCacheBlocks`` as capkv's block ids, carrying the original blocks for wrapped vLLM children
+    (whose ``get_block_ids()`` then copies these ids instead of reading the blocks again)."""
+    read = blocks.get_block_ids()
+    ids = VllmBlockIds(read)
+    ids.kv_cache_blocks = _ReadBlocks(blocks, tuple(list(group) for group in read))
     return ids
 
 

@@ -42,10 +42,10 @@ from capkv.adapters.vllm._carry import (
     VLLM_NULL_BLOCK_ID,
     PPHandshakes,
     VllmBlockIds,
-    VllmOutputCarrier,
     attribute_load_errors,
 )
 from capkv.capabilities._hma import StackNode
+from capkv.composite._native import NativeCalls
 from capkv.contracts._engine import (
     AttentionMetadata,
     BlockIds,
@@ -141,6 +141,7 @@ class VllmChild(Generic[_V]):
         # Hot calls, bound once; ``Any``: capkv's request protocol stands for vLLM's Request here.
         calls: Any = connector
         self._allocated: Callable[[Any, KVCacheBlocks, int], None] = calls.update_state_after_alloc
+        self._output: Callable[[VllmKVConnectorOutput], None] = calls.update_connector_output
         self._results: Callable[[set[str]], Any] = calls.get_transfer_results
         # vLLM's base get_transfer_results only repackages get_finished: ask get_finished then.
         own = getattr(type(self._inner), "get_transfer_results", None)
@@ -149,6 +150,15 @@ class VllmChild(Generic[_V]):
         # instance (shadowing this class's forwarding ones): no extra call frame per call.
         direct = _DIRECT + (("get_finished",) if self._uses_get_finished else ())
         vars(self).update({name: getattr(calls, name) for name in direct})
+
+    @property
+    def native_calls(self) -> NativeCalls:
+        """The connector's own members, for a stack whose arguments carry vLLM's objects (the host's do):
+        it unwraps them once per call instead of once per child (see :mod:`capkv.composite._native`)."""
+        return NativeCalls(
+            self._allocated, self._output, blocks="kv_cache_blocks", output="vllm_output",
+            worker_meta="kv_connector_worker_meta",
+        )
 
     @property
     def wrapped(self) -> _V:
@@ -183,18 +193,18 @@ class VllmChild(Generic[_V]):
 
     def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
         """vLLM's ``KVConnectorOutput``: the engine's own (with this child's worker metadata) when carried."""
-        worker_meta = connector_output.worker_meta
-        carried = connector_output.vllm_output if isinstance(connector_output, VllmOutputCarrier) else None
+        carried: VllmKVConnectorOutput | None = getattr(connector_output, "vllm_output", None)
         if carried is None:
-            self._inner.update_connector_output(_to_vllm_output(connector_output))
+            self._output(_to_vllm_output(connector_output))
             return
+        worker_meta: Any = connector_output.worker_meta
         saved = carried.kv_connector_worker_meta
         if saved is worker_meta:
-            self._inner.update_connector_output(carried)
+            self._output(carried)
             return
-        carried.kv_connector_worker_meta = cast("Any", worker_meta)
+        carried.kv_connector_worker_meta = worker_meta
         try:
-            self._inner.update_connector_output(carried)
+            self._output(carried)
         finally:
             carried.kv_connector_worker_meta = saved
 
