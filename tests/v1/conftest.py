@@ -1,9 +1,10 @@
-"""Runs vLLM 0.32.0's own connector tests (vendored below, unchanged) against capkv's drop-in.
+"""Runs vLLM 0.32.0's own connector tests (put in place, unchanged, by ``fetch.py``) against capkv's drop-in.
 
 This file is capkv's, not vLLM's (see ``README.md`` here). Before vLLM's test
 modules are imported it
 
-- requires vLLM: where it is missing these tests are not collected (said in the
+- requires vLLM and vLLM's test files (``python -m tests.v1.fetch`` puts them in
+  place): where either is missing these tests are not collected (said in the
   header), and under ``CAPKV_REQUIRE_VLLM=1`` that is an error;
 - puts the hub offline over local stand-ins for the models vLLM's tests name
   (:mod:`tests.vllm.standins`);
@@ -27,18 +28,26 @@ from pathlib import Path
 
 import pytest
 
+from tests.v1.fetch import missing
 from tests.vllm.requirement import VLLM_ERROR  # noqa: E402  # after the environment above is set
 
 AGAINST = os.environ.get("CAPKV_VLLM_MULTI", "capkv")
 if AGAINST not in ("capkv", "vllm"):
     raise RuntimeError(f"CAPKV_VLLM_MULTI must be 'capkv' or 'vllm', got {AGAINST!r}")
 
-collect_ignore = ["kv_connector"] if VLLM_ERROR is not None else []
+MISSING = missing()
+"""vLLM's test files not in place (or not vLLM 0.32.0's bytes)."""
+if MISSING and VLLM_ERROR is None and os.environ.get("CAPKV_REQUIRE_VLLM") == "1":
+    raise RuntimeError(f"CAPKV_REQUIRE_VLLM=1 but vLLM's tests are not in place ({MISSING}): run python -m tests.v1.fetch")
+
+collect_ignore = ["kv_connector", "fetch.py"] if VLLM_ERROR is not None or MISSING else ["fetch.py"]
 
 
 def pytest_report_header() -> str:
     if VLLM_ERROR is not None:
         return f"tests/v1 (vLLM's own tests): not collected, vLLM is not installed ({VLLM_ERROR})"
+    if MISSING:
+        return f"tests/v1 (vLLM's own tests): not collected, not in place ({MISSING}): python -m tests.v1.fetch"
     return f"tests/v1 (vLLM's own tests): MultiConnector is {'vLLM' if AGAINST == 'vllm' else 'capkv'}'s"
 
 
@@ -80,7 +89,7 @@ def _import_vllm_tests() -> None:
         patch.undo()
 
 
-if VLLM_ERROR is None:
+if VLLM_ERROR is None and not MISSING:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     _standins()
