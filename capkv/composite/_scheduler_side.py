@@ -144,7 +144,7 @@ class SchedulerSide(FinishRoutine, StackState):
         and the first that does not fit is cut short. Then every child that knows of foreign loads
         learns which tokens others loaded, and whether to save them (promotion).
         """
-        plan = self._plans.pop(request.request_id, None) if self._plans else None
+        plan = self._plans.get(request.request_id) if self._plans else None  # kept until the finish
         failures: Failures | None = None
         if plan is None and num_external_tokens > 0:
             raise self._more_than_offered(request, num_external_tokens, 0)

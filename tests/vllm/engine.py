@@ -74,6 +74,8 @@ class Served:
     groups: int
     stats: dict[Any, Any] = field(default_factory=lambda: dict[Any, Any]())
     seconds: float = 0.0
+    loaded_tokens: tuple[int, ...] = ()
+    """Per child of the host's composite stack, the tokens loaded from it (``stack.loaded_tokens``)."""
 
 
 def serve(
@@ -170,12 +172,13 @@ def _serve(
             ))
         connector = scheduler.connector
         stats = connector.stats_since_start() if hasattr(connector, "stats_since_start") else {}
+        loaded_tokens = tuple(getattr(getattr(connector, "stack", None), "loaded_tokens", ()))
         groups = len(scheduler.kv_cache_config.kv_cache_groups)
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm, core, scheduler
         gc.collect()
-    return Served(done, groups, stats, time.perf_counter() - start)
+    return Served(done, groups, stats, time.perf_counter() - start, loaded_tokens)
 
 
 def file_store_host(root: Path, *, host: str = "CapkvHMAConnector") -> dict[str, Any]:

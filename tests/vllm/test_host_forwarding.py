@@ -31,6 +31,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 
 import capkv  # noqa: E402
@@ -75,6 +76,8 @@ class Child(KVConnectorBase_V1, SupportsHMA):
         self.hit = int(extra.get("hit", 0))
         self.fail = bool(extra.get("fail", False))
         self.pool = bool(extra.get("pool", False))
+        self.disk = bool(extra.get("disk", False))
+        """Answer hit sources (disk) and loaded groups (the last group only) as a tiered vLLM connector."""
         self.blocks: list[KVCacheBlocks] = []
         self.loading: set[str] = set()
         self.late_errors: set[int] = set()
@@ -112,6 +115,16 @@ class Child(KVConnectorBase_V1, SupportsHMA):
     def get_finished_count(self) -> int | None:
         self._call("get_finished_count")
         return None
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        self._call("get_loaded_kv_cache_group_ids")
+        return (1,) if self.disk else super().get_loaded_kv_cache_group_ids(request)
+
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict[CacheHitSource, int]:
+        self._call("get_external_cache_hit_sources")
+        if self.disk:
+            return {CacheHitSource.DISK: num_external_tokens}
+        return super().get_external_cache_hit_sources(request, num_external_tokens)
 
     def get_mem_pool_context(self) -> Any:
         return object() if self.pool else None
@@ -196,12 +209,15 @@ def test_a_childs_failed_receive_is_flat_block_ids_with_one_group() -> None:
 
 
 def test_wrapped_children_get_vllms_own_blocks() -> None:
-    """The KVCacheBlocks vLLM allocated (with their hashes) reach the children as they are."""
+    """The blocks vLLM allocated (vLLM's own ``KVCacheBlock`` objects, with their hashes) reach the children
+    in a ``KVCacheBlocks`` (one whose ids were read once for all children)."""
     host = drop_in(child("a"), child("b"))
     given = blocks([1, 2], [3, 4])
     host.update_state_after_alloc(Request("r"), given, 0)
     for built in host.sub_connectors:
-        assert isinstance(built, Child) and built.blocks[-1] is given
+        assert isinstance(built, Child) and isinstance(built.blocks[-1], KVCacheBlocks)
+        assert built.blocks[-1].blocks is given.blocks
+        assert built.blocks[-1].get_block_ids() == ([1, 2], [3, 4])
 
 
 def test_worker_side_kv_events_of_vllm_children_are_merged() -> None:
@@ -267,3 +283,19 @@ def test_a_mixed_stack_reports_capkvs_registration_at_handshake_without_asking_v
     assert ("a", "build_connector_worker_meta") in CALLS  # the step's report asks every child, as vLLM does
     output = KVConnectorOutput()
     host.update_connector_output(output)
+
+
+def test_loaded_groups_and_hit_sources_come_from_the_child_loading_the_request_until_it_finishes() -> None:
+    """vLLM asks for the loaded groups before the allocation and for the hit's sources after it."""
+    host = drop_in(child("a"), child("b", hit=32, disk=True))
+    request = Request("r")
+    assert host.get_num_new_matched_tokens(request, 0) == (32, True)
+    CALLS.clear()
+    assert host.get_loaded_kv_cache_group_ids(request) == (1,)
+    host.update_state_after_alloc(request, blocks([1, 2], [3, 4]), 32)
+    assert host.get_external_cache_hit_sources(request, 32) == {CacheHitSource.DISK: 32}
+    assert [name for name, member in CALLS if member.startswith("get_")] == ["b", "b"]
+    assert host._requests_to_connector["r"] == 1  # vLLM's private map, as its composite keeps it
+    host.request_finished_all_groups(request, ([1, 2], [3, 4]))  # type: ignore[arg-type]
+    assert "r" not in host._requests_to_connector
+    assert host.get_external_cache_hit_sources(request, 32) != {CacheHitSource.DISK: 32}  # nobody loads it now

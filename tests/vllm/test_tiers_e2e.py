@@ -31,6 +31,6 @@ def test_a_split_prefix_loads_from_both_stores(model_dir: Path, tmp_path: Path) 
                 block_size=BLOCK)
     assert got.groups == 2
     assert got.runs[0].cached == [3 * BLOCK], "Y's two blocks and X's third: nothing of the prefix computed"
-    assert counter(got.stats["#1"], "hit_tokens") == 2 * BLOCK
-    assert counter(got.stats["#2"], "hit_tokens") == BLOCK
+    assert got.loaded_tokens == (2 * BLOCK, BLOCK), "Y loads its two blocks, X the third"
+    assert counter(got.stats["FileStoreConnector"], "hit_tokens") == 3 * BLOCK  # vLLM's keys: one per class
     assert_same(got, ref, run=1, label="the composed load")

@@ -36,6 +36,7 @@ from capkv.adapters.vllm._stack import Engine, build_hosted, load_hosted
 from capkv.adapters.vllm._vllm_calls import wrapped_vllm
 from capkv.capabilities._hma import StackNode, explain_not_hma, non_hma_children, supports_hma
 from capkv.composite._multi import MultiConnector as CapkvMultiConnector
+from capkv.composite._plan import Plan
 from capkv.config._hosts import DROP_IN, STACK_KEY, drop_in_stack
 from capkv.config._loader import ConfiguredNode
 from capkv.contracts._base import KVConnectorBase
@@ -148,33 +149,43 @@ class MultiConnector(CapkvConnector, SupportsHMA):
     @property
     def _requests_to_connector(self) -> MutableMapping[str, int]:
         """Request id -> the index of the child chosen to load it (vLLM's composite's private map)."""
-        return _ChoiceView(self._built)
+        return _ChoiceView(self.stack)  # the stack served (under dev mode, the instrumented one)
 
 
 class _ChoiceView(MutableMapping[str, int]):
-    """The composite's load choices as vLLM's ``_requests_to_connector`` (request id -> child index)."""
+    """The composite's load plans as vLLM's ``_requests_to_connector`` (request id -> the index of the
+    child loading the hit's first part). Setting an index makes that child load the whole hit."""
 
-    __slots__ = ("_choice",)
+    __slots__ = ("_plans",)
 
     def __init__(self, stack: object) -> None:
-        choice: object = getattr(stack, "_load_choice", None)
-        self._choice: dict[str, tuple[int, bool]] = cast("dict[str, tuple[int, bool]]", choice) if isinstance(choice, dict) else {}
+        plans: object = getattr(stack, "_plans", None)
+        self._plans: dict[str, Plan] = cast("dict[str, Plan]", plans) if isinstance(plans, dict) else {}
 
     def __getitem__(self, request_id: str) -> int:
-        return self._choice[request_id][0]
+        return self._plans[request_id][1][0][0]
 
     def __setitem__(self, request_id: str, index: int) -> None:
-        held = self._choice.get(request_id)
-        self._choice[request_id] = (index, False if held is None else held[1])
+        held = self._plans.get(request_id)
+        if held is None:
+            self._plans[request_id] = (0, ((index, 0, _WHOLE_HIT, False),))
+            return
+        local, slices = held
+        tokens = sum(item[2] for item in slices)
+        self._plans[request_id] = (local, ((index, local, tokens, any(item[3] for item in slices)),))
 
     def __delitem__(self, request_id: str) -> None:
-        del self._choice[request_id]
+        del self._plans[request_id]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._choice)
+        return iter(self._plans)
 
     def __len__(self) -> int:
-        return len(self._choice)
+        return len(self._plans)
+
+
+_WHOLE_HIT = 1 << 62
+"""A slice's tokens where they are not known (a choice set from outside): every token of the hit."""
 
 
 def _unwrapped(child: object) -> object:

@@ -19,27 +19,38 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.request import Request
 
 from capkv.capabilities._hma import StackNode
+from capkv.composite._plan import Plan
 from capkv.contracts._connector import KVConnector
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["VllmOnlyMembers", "serving_leaf"]
+__all__ = ["VllmOnlyMembers", "serving_leaves"]
 
 
-def serving_leaf(stack: object, request_id: str) -> object | None:
-    """The leaf of ``stack`` chosen to load ``request_id`` (``None``: no load is planned for it).
+def serving_leaves(stack: object, request_id: str, tokens: int) -> list[tuple[object, int]]:
+    """The leaves of ``stack`` loading ``request_id``, each with its share of ``tokens`` external tokens
+    (``[]``: no load is planned for it). A leaf stands for itself.
 
-    A composite remembers the child it chose at the lookup until the request finishes.
+    A composite keeps each request's plan (its children's slices, in token order) from the hit until the
+    request finishes: ``tokens`` is split over the slices in that order, as the allocation splits it, and a
+    nested composite splits its share over its own slices.
     """
     node: object = _bare(stack)
-    while isinstance(node, StackNode):
-        choice: object = getattr(node, "_load_choice", None)
-        picked = cast("dict[str, tuple[int, bool]]", choice).get(request_id) if isinstance(choice, dict) else None
-        if picked is None:
-            return None
-        node = _bare(node.children[picked[0]])
-    return node
+    if not isinstance(node, StackNode):
+        return [(node, tokens)]
+    plans: object = getattr(node, "_plans", None)
+    plan = cast("dict[str, Plan]", plans).get(request_id) if isinstance(plans, dict) else None
+    if plan is None:
+        return []
+    shares: list[tuple[object, int]] = []
+    left = tokens
+    children = node.children
+    for index, _, offered, _ in plan[1]:
+        part = min(offered, left)
+        shares += serving_leaves(children[index], request_id, part)
+        left -= part
+    return shares
 
 
 def wrapped_vllm(leaf: object) -> KVConnectorBase_V1 | None:
@@ -132,18 +143,40 @@ class VllmOnlyMembers(KVConnectorBase_V1):
         return merged
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
-        """The groups the child loading ``request`` restores (capkv's stores: every prefix-cacheable group)."""
-        child = wrapped_vllm(serving_leaf(self.stack, request.request_id))
-        if child is not None:
-            return child.get_loaded_kv_cache_group_ids(request)
-        return super().get_loaded_kv_cache_group_ids(request)
+        """The groups every child loading ``request`` restores (a vLLM child's answer; capkv's stores:
+        every prefix-cacheable group). With several loaders, the groups all of them restore: vLLM skips
+        zeroing only those."""
+        leaves = serving_leaves(self.stack, request.request_id, 0)
+        if not leaves:
+            return super().get_loaded_kv_cache_group_ids(request)
+        common: tuple[int, ...] | None = None
+        for leaf, _ in leaves:
+            child = wrapped_vllm(leaf)
+            groups = (
+                child.get_loaded_kv_cache_group_ids(request) if child is not None
+                else super().get_loaded_kv_cache_group_ids(request)
+            )
+            common = tuple(groups) if common is None else tuple(g for g in common if g in groups)
+        return () if common is None else common
 
     def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
-        """The tiers of the child loading ``request``."""
-        child = wrapped_vllm(serving_leaf(self.stack, request.request_id))
-        if child is not None:
-            return child.get_external_cache_hit_sources(request, num_external_tokens)
-        return super().get_external_cache_hit_sources(request, num_external_tokens)
+        """The tiers the hit came from: each loading child's answer for its share of the tokens (a
+        vLLM child's own; capkv's stores: unspecified), summed."""
+        shares = serving_leaves(self.stack, request.request_id, num_external_tokens)
+        if not shares:
+            return super().get_external_cache_hit_sources(request, num_external_tokens)
+        answers = [
+            child.get_external_cache_hit_sources(request, share) if child is not None
+            else super().get_external_cache_hit_sources(request, share)
+            for child, share in ((wrapped_vllm(leaf), share) for leaf, share in shares if share)
+        ]
+        if len(answers) == 1:
+            return answers[0]
+        total: dict[CacheHitSource, int] = {}
+        for answer in answers:
+            for source, count in answer.items():
+                total[source] = total.get(source, 0) + count
+        return total
 
 
 def leaves(node: object) -> Iterable[object]:
