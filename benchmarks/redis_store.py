@@ -1,7 +1,7 @@
 """RedisStoreConnector: save/load throughput against plain pipelined SET/GET, and the demo's run time.
 
 1. Throughput. The connector's worker side saves ``--blocks`` blocks of the
-   demo model (gather from the paged KV cache, header and CRC, pipelined SET
+   demo model (gather from the paged KV cache, header and XXH3-128 checksum, pipelined SET
    on the writer thread, until every save is reported over) and loads them
    back (pipelined GET, checks, scatter into the paged KV cache). The baseline
    sends the same bytes (gathered beforehand into host memory) to the same

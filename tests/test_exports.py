@@ -113,7 +113,7 @@ FRONTS: dict[str, list[str]] = {
         "StoreMetadata",
         "longest_hit",
     ],
-    "capkv.stores": ["Backend", "MemoryBackend", "StoreConnector", "StoreKey"],
+    "capkv.stores": ["Backend", "MemoryBackend", "PinningBackend", "ReadsInto", "StoreConnector", "StoreKey"],
     "capkv.engine": [
         "FULL",
         "SLIDING",

@@ -73,7 +73,7 @@ class RecordHeader:
     """Of the header; the payload follows it."""
     length: int
     """Of the payload."""
-    crc: bytes
+    checksum: bytes
     """The payload's checksum, as the header says."""
 
 

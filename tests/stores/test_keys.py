@@ -53,14 +53,19 @@ class Components:
     adapter: str | None = None
     multimodal: tuple[MultimodalItem, ...] = ()
     embeds: tuple[bytes, ...] = ()
-    shard: tuple[int, int] = (0, 1)
-    """(tensor-parallel rank, size)."""
+    shard: tuple[int, ...] = (0, 1)
+    """(tensor-parallel rank, size[, pipeline-parallel rank, size])."""
+
+
+SHARDS = [(0, 1), (0, 2), (1, 2), (0, 1, 1, 2), (1, 2, 1, 2), (0, 2, 0, 2)]
+"""Workers' shards: tensor-parallel only, and with pipeline parallelism (another rank, another size)."""
 
 
 @cache
-def _fingerprints(dtype: str, memory: str, shard: tuple[int, int]) -> tuple[KVSpec, tuple[bytes, ...]]:
+def _fingerprints(dtype: str, memory: str, shard: tuple[int, ...]) -> tuple[KVSpec, tuple[bytes, ...]]:
     spec = make_spec(list(GROUPS), num_blocks=8, layout=memory, dtype=getattr(torch, dtype))
-    spec = dataclasses.replace(spec, shard=KVShard(tp_rank=shard[0], tp_size=shard[1]))
+    tp_rank, tp_size, pp_rank, pp_size = (*shard, 0, 1) if len(shard) == 2 else shard
+    spec = dataclasses.replace(spec, shard=KVShard(tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size))
     copier = BlockCopier(spec, empty_caches(spec, memory))
     return spec, layout_fingerprints(spec, copier)
 
@@ -110,7 +115,7 @@ def base_and_variant(draw: st.DrawFn) -> tuple[Components, Components, str, int]
         adapter=draw(st.none() | names),
         multimodal=draw(st.sampled_from([(), (item,)])),
         embeds=embeds,
-        shard=draw(st.sampled_from([(0, 1), (0, 2), (1, 2)])),
+        shard=draw(st.sampled_from(SHARDS)),
     )
     change = draw(st.sampled_from([
         "tokens", "namespace", "dtype", "memory", "group", "salt", "adapter", "multimodal", "embeds", "shard",
@@ -156,7 +161,7 @@ def base_and_variant(draw: st.DrawFn) -> tuple[Components, Components, str, int]
             position = len(embeds)
         variant = dataclasses.replace(base, embeds=tuple(changed))
     else:
-        others = [s for s in [(0, 1), (0, 2), (1, 2)] if s != base.shard]
+        others = [s for s in SHARDS if s != base.shard]
         variant = dataclasses.replace(base, shard=draw(st.sampled_from(others)))
     return base, variant, change, position
 

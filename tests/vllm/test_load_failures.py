@@ -54,11 +54,13 @@ def faulty(**options: Any) -> dict[str, Any]:
 
 
 def damage_packs(root: Path) -> int:
-    """Flip the last byte of every pack on disk (a payload byte: a record's header precedes its bytes)."""
+    """Flip the top bit of the last two 8-byte words of every pack on disk (payload bytes of its last record:
+    a record's header precedes its bytes) — two-bit damage that a sum of words does not see."""
     damaged = 0
     for pack in sorted(root.rglob("*.kvpack")):
         data = bytearray(pack.read_bytes())
-        data[-1] ^= 0xFF
+        data[-1] ^= 0x80
+        data[-9] ^= 0x80
         pack.write_bytes(bytes(data))
         damaged += 1
     return damaged
