@@ -11,8 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("CAPKV_DEV", "1")
+
+# Property tests check behaviour, not speed: on a loaded 2-core CI machine a first example that
+# imports or compiles can take seconds, which hypothesis's default 200 ms deadline reports as a failure.
+settings.register_profile("capkv", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("capkv")
 
 import capkv  # noqa: E402
 from capkv.connectors import FileStoreConnector  # noqa: E402
