@@ -35,19 +35,19 @@ def one_thread() -> Any:
     torch.set_num_threads(saved)
 
 
-def serve(connector: Any, requests: list[Any]) -> tuple[EngineStats, Any]:
+def serve(connector: Any, requests: list[Any], shape: ModelShape = SHAPE) -> tuple[EngineStats, Any]:
     """The engine's statistics, and the stack it served through (in dev mode, rebuilt over checked children)."""
-    engine = Engine(SHAPE, connector, scrub_released_blocks=True)
+    engine = Engine(shape, connector, scrub_released_blocks=True)
     engine.run(requests)
     stats = engine.stats.snapshot()
     engine.shutdown()
     return stats, engine.connector
 
 
-def seed(root: Path, requests: list[Any]) -> None:
+def seed(root: Path, requests: list[Any], shape: ModelShape = SHAPE) -> None:
     """A file store under ``root`` holding what serving ``requests`` saves (the store survives its engine)."""
-    with FileStoreConnector(SHAPE.kv_spec(), root=str(root)) as store:
-        serve(store, requests)
+    with FileStoreConnector(shape.kv_spec(), root=str(root)) as store:
+        serve(store, requests, shape)
 
 
 def test_a_stack_loads_the_front_tiers_part_and_the_rest_from_behind(tmp_path: Path) -> None:
@@ -67,6 +67,32 @@ def test_a_stack_loads_the_front_tiers_part_and_the_rest_from_behind(tmp_path: P
     hit = 160  # each warm request's block-aligned prompt, less the token the engine must compute
     assert from_y + from_x == tiered.external_hit_tokens and from_y > 0
     assert from_y * (hit - HEAD) == from_x * HEAD, "each load: the first part from Y, the rest from X"
+
+
+def test_a_sliding_window_across_the_tiers_boundary_loads_from_both(tmp_path: Path) -> None:
+    """A window (64 tokens: blocks 6-9 of a 160-token hit) that starts in the front tier's part (blocks 0-7):
+    the sliding-window groups load blocks 6-7 from the front tier and 8-9 from behind, bit for bit."""
+    shape = ModelShape(
+        num_layers=3, pattern="FSS", block_size=16, sliding_window=64, num_kv_heads=2, head_dim=8, num_blocks=640
+    )
+    head = 128
+    spec = shape.kv_spec()
+    seed(tmp_path / "y", WORKLOAD.prefix_heads(head), shape)
+    seed(tmp_path / "x", WORKLOAD.requests("cold"), shape)
+    with FileStoreConnector(spec, root=str(tmp_path / "x")) as x_alone:
+        alone, _ = serve(x_alone, WORKLOAD.requests("warm"), shape)
+
+    y, x = FileStoreConnector(spec, root=str(tmp_path / "y")), FileStoreConnector(spec, root=str(tmp_path / "x"))
+    tiered, stack = serve(MultiConnector(y, x), WORKLOAD.requests("warm"), shape)  # verified bit for bit
+
+    assert tiered.computed_tokens == alone.computed_tokens
+    assert [g.loaded_tokens for g in tiered.groups] == [g.loaded_tokens for g in alone.groups]
+    from_y, from_x = stack.loaded_tokens
+    assert from_y * (160 - head) == from_x * head > 0, "each load: the first 128 tokens from Y, the rest from X"
+    # X's slice starts at token 128: the window's blocks 6-7 (as much as X alone loads of it) came from Y
+    assert all(g.loaded_tokens > 0 for g in tiered.groups[1:]), "the sliding-window groups load their window"
+    y.shutdown()
+    x.shutdown()
 
 
 def test_without_promotion_a_front_tier_saves_nothing_another_tier_loaded(tmp_path: Path) -> None:
