@@ -304,3 +304,37 @@ def test_loaded_groups_and_hit_sources_come_from_the_child_loading_the_request_u
     host.request_finished_all_groups(request, ([1, 2], [3, 4]))  # type: ignore[arg-type]
     assert "r" not in host._requests_to_connector
     assert host.get_external_cache_hit_sources(request, 32) != {CacheHitSource.DISK: 32}  # nobody loads it now
+
+
+def test_prometheus_metrics_count_capkvs_counters_and_hand_vllms_children_theirs() -> None:
+    """``build_prom_metrics``: capkv's counters become one labelled Prometheus counter; a vLLM child's
+    statistics go to the metrics its own class builds (none for this child: its data is counted too)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    registry = CollectorRegistry()
+
+    def in_registry(kind: type[Any]) -> type[Any]:
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("registry", registry)
+            kind.__init__(self, *args, **kwargs)
+
+        return type(kind.__name__, (kind,), {"__init__": init})
+
+    types: dict[type[Any], type[Any]] = {kind: in_registry(kind) for kind in (Counter, Gauge, Histogram)}
+    transfer = KVTransferConfig(
+        kv_connector="MultiConnector", kv_connector_module_path="capkv.vllm", kv_role="kv_both",
+        kv_connector_extra_config={"connectors": [child("a")]},
+    )
+    metrics = MultiConnector.build_prom_metrics(VllmConfig(kv_transfer_config=transfer), types, ["engine"], {0: ["0"]})
+    assert metrics is not None
+    metrics.observe({"capkv": {"dropped_load_errors": 2}, "Child": {"loaded_blocks": 3, "skipped": 0}}, 0)
+    metrics.observe({"capkv": {"dropped_load_errors": 1}}, 0)
+
+    def sample(connector: str, counter: str) -> float | None:
+        return registry.get_sample_value(
+            "vllm:capkv_connector_events_total", {"engine": "0", "connector": connector, "counter": counter}
+        )
+
+    assert sample("capkv", "dropped_load_errors") == 3
+    assert sample("Child", "loaded_blocks") == 3
+    assert sample("Child", "skipped") is None  # zeros are not counted
