@@ -338,3 +338,15 @@ def test_prometheus_metrics_count_capkvs_counters_and_hand_vllms_children_theirs
     assert sample("capkv", "dropped_load_errors") == 3
     assert sample("Child", "loaded_blocks") == 3
     assert sample("Child", "skipped") is None  # zeros are not counted
+
+
+def test_hit_sources_of_a_capkv_child_are_vllms_default_for_its_share() -> None:
+    """A capkv connector serving the request: vLLM's base answer (every token under one source)."""
+    from capkv.testing import HMANullConnector
+
+    host = drop_in(child("a"))
+    host._connectors = [HMANullConnector(), *host.sub_connectors]
+    host._requests_to_connector["r"] = 0
+    expected = KVConnectorBase_V1.get_external_cache_hit_sources(host, Request("r"), 32)  # type: ignore[arg-type]
+    assert host.get_external_cache_hit_sources(Request("r"), 32) == expected  # type: ignore[arg-type]
+    assert sum(expected.values()) == 32

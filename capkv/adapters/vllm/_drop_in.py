@@ -33,7 +33,7 @@ from capkv._homes import publish
 from capkv.adapters.vllm._child import wrap
 from capkv.adapters.vllm._host import CapkvConnector
 from capkv.adapters.vllm._stack import Engine, build_hosted, load_hosted
-from capkv.adapters.vllm._vllm_calls import wrapped_vllm
+from capkv.adapters.vllm._vllm_calls import load_plans, wrapped_vllm
 from capkv.capabilities._hma import StackNode, explain_not_hma, non_hma_children, supports_hma
 from capkv.composite._multi import MultiConnector as CapkvMultiConnector
 from capkv.composite._plan import Plan
@@ -46,7 +46,6 @@ __all__ = ["MultiConnector"]
 
 _log = logging.getLogger("capkv.vllm")
 _said: set[str] = set()
-
 
 
 class _Idle(KVConnectorBase[Any]):
@@ -159,8 +158,8 @@ class _ChoiceView(MutableMapping[str, int]):
     __slots__ = ("_plans",)
 
     def __init__(self, stack: object) -> None:
-        plans: object = getattr(stack, "_plans", None)
-        self._plans: dict[str, Plan] = cast("dict[str, Plan]", plans) if isinstance(plans, dict) else {}
+        plans = load_plans(stack)
+        self._plans: dict[str, Plan] = {} if plans is None else plans
 
     def __getitem__(self, request_id: str) -> int:
         return self._plans[request_id][1][0][0]

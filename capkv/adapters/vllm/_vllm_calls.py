@@ -25,7 +25,7 @@ from capkv.contracts._connector import KVConnector
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["VllmOnlyMembers", "serving_leaves"]
+__all__ = ["VllmOnlyMembers", "load_plans", "serving_leaves"]
 
 
 def serving_leaves(stack: object, request_id: str, tokens: int) -> list[tuple[object, int]]:
@@ -39,8 +39,8 @@ def serving_leaves(stack: object, request_id: str, tokens: int) -> list[tuple[ob
     node: object = _bare(stack)
     if not isinstance(node, StackNode):
         return [(node, tokens)]
-    plans: object = getattr(node, "_plans", None)
-    plan = cast("dict[str, Plan]", plans).get(request_id) if isinstance(plans, dict) else None
+    plans = load_plans(node)
+    plan = None if plans is None else plans.get(request_id)
     if plan is None:
         return []
     shares: list[tuple[object, int]] = []
@@ -51,6 +51,13 @@ def serving_leaves(stack: object, request_id: str, tokens: int) -> list[tuple[ob
         shares += serving_leaves(children[index], request_id, part)
         left -= part
     return shares
+
+
+def load_plans(stack: object) -> dict[str, Plan] | None:
+    """A composite's plans by request id, kept from the hit until the request finishes (the dict itself:
+    writes reach the composite); ``None`` for a stack that keeps none."""
+    plans: object = getattr(_bare(stack), "_plans", None)
+    return cast("dict[str, Plan]", plans) if isinstance(plans, dict) else None
 
 
 def wrapped_vllm(leaf: object) -> KVConnectorBase_V1 | None:
@@ -165,11 +172,17 @@ class VllmOnlyMembers(KVConnectorBase_V1):
         shares = serving_leaves(self.stack, request.request_id, num_external_tokens)
         if not shares:
             return super().get_external_cache_hit_sources(request, num_external_tokens)
-        answers = [
-            child.get_external_cache_hit_sources(request, share) if child is not None
-            else super().get_external_cache_hit_sources(request, share)
-            for child, share in ((wrapped_vllm(leaf), share) for leaf, share in shares if share)
-        ]
+        answers: list[dict[CacheHitSource, int]] = []
+        for leaf, share in shares:
+            if not share:
+                continue
+            child = wrapped_vllm(leaf)
+            answers.append(
+                child.get_external_cache_hit_sources(request, share) if child is not None
+                else super().get_external_cache_hit_sources(request, share)
+            )
+        if not answers:
+            return super().get_external_cache_hit_sources(request, num_external_tokens)
         if len(answers) == 1:
             return answers[0]
         total: dict[CacheHitSource, int] = {}
