@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from capkv.capabilities._hma import StackNode
 from capkv.composite._completion import DroppedReports, ReceiveTracker, SendTracker
-from capkv.composite._fanout import TOLD, Failures, bad_answer, failure
+from capkv.composite._fanout import TOLD, Failures, failure
 from capkv.composite._finish import Finisher
 from capkv.composite._metadata import Book, MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.composite._native import native_calls
@@ -39,7 +39,7 @@ attributes (engine blocks, engine output, its worker-metadata field): see :mod:`
 
 _M = TypeVar("_M", MultiConnectorMetadata, MultiWorkerMetadata)
 UNSET: Any = object()
-"""A child's answer before its call returned (so a failed unpacking is told from the child's own error)."""
+"""What a child's answer unpacks to when it is not a pair (never a value a child returns)."""
 
 
 class StackState(StackNode):
@@ -244,14 +244,6 @@ class StackState(StackNode):
     def _failed_child(self, failures: Failures | None, child: KVConnector, exc: Exception) -> Failures:
         index = self._position(child)
         return [(index, exc)] if failures is None else [*failures, (index, exc)]
-
-    def _failed_answer(self, failures: Failures | None, child: KVConnector, exc: Exception, answer: object,
-                       method: str, expected: str) -> Failures:
-        """A child's own exception, or — when its call returned (``answer`` set) but the answer was
-        not a pair — capkv's verdict on that answer."""
-        if answer is not UNSET and isinstance(exc, (TypeError, ValueError)):
-            exc = bad_answer(self._names[self._position(child)], method, answer, expected)
-        return self._failed_child(failures, child, exc)
 
     def _expect(self, metadata: object, kind: type[_M], method: str) -> _M:
         """``metadata`` as the composite's own kind, or a :class:`~capkv.MetadataError`."""
