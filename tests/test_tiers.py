@@ -293,6 +293,56 @@ def test_an_old_report_repeated_after_a_reload_is_not_the_reload_s_completion() 
     }
 
 
+def _two_loads_owed_by_different_children() -> tuple[MultiConnector, HMA, HMA]:
+    """Load 1 of r1 by a alone (r1 aborted meanwhile), the id reused, load 2 by b alone."""
+    a = HMA("a", hit=tiered(0, 32), slices=True, load_async=True)
+    b = HMA("b", hit=tiered(0, 64), slices=True, load_async=True)
+    stack = MultiConnector(a, b)
+    b.hit = 0
+    stack.get_num_new_matched_tokens(R, 0)
+    stack.update_state_after_alloc(R, ([1],), 32)  # load 1: a
+    assert step(stack) == (None, None)
+    a.hit, b.hit = 0, tiered(0, 64)
+    stack.get_num_new_matched_tokens(R, 0)
+    stack.update_state_after_alloc(R, ([1],), 64)  # load 2: b
+    return stack, a, b
+
+
+def test_two_loads_owed_by_different_children_completing_in_one_step_are_both_reported() -> None:
+    stack, a, b = _two_loads_owed_by_different_children()
+    a.finished = b.finished = (None, {"r1"})
+    assert step(stack) == (None, {"r1"}), "one report per call: a request id is in a set once"
+    assert step(stack) == (None, {"r1"}), "the second load, at the next call, not lost"
+    assert step(stack) == (None, None)
+    assert not dict(stack.dropped_reports)
+
+
+def test_a_later_load_completing_first_is_reported_after_the_earlier_one_not_lost() -> None:
+    stack, a, b = _two_loads_owed_by_different_children()
+    b.finished = (None, {"r1"})
+    assert step(stack) == (None, None), "load 2 is done, but loads of one id are reported in order"
+    a.finished = (None, {"r1"})
+    assert step(stack) == (None, {"r1"}), "load 1"
+    assert step(stack) == (None, {"r1"}), "then load 2"
+    assert step(stack) == (None, None)
+
+
+def test_a_completed_load_waits_out_a_failed_get_finished() -> None:
+    stack, a, b = _two_loads_owed_by_different_children()
+    a.finished = b.finished = (None, {"r1"})
+    assert step(stack) == (None, {"r1"})
+
+    def broken(finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
+        raise RuntimeError("a fails in get_finished")
+
+    a.get_finished = broken  # type: ignore[method-assign]
+    with pytest.raises(SubConnectorError):
+        step(stack)
+    del a.get_finished
+    assert step(stack) == (None, {"r1"}), "the second load, after the failed call"
+    assert step(stack) == (None, None)
+
+
 def test_numbered_loads_survive_copies() -> None:
     a = HMA("a", hit=tiered(0, 32), slices=True, load_async=True)
     b = HMA("b", hit=tiered(0, 64), slices=True, load_async=True)

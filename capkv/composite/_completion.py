@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from enum import Enum
+from typing import Any
 
 from capkv._homes import publish
 
@@ -138,12 +139,20 @@ class ReceiveTracker:
     request finishes stays pending: an engine keeps an aborted request's blocks until
     its receive is reported. Synchronous loads are not awaited: the engine does not
     wait for a report.
+
+    A report may complete several loads of one request at once (an earlier load of a
+    reused id, owed by another child, completing after the later one did): each is
+    reported, one per :meth:`take` (a request id is in ``finished_recving`` once per
+    call), the rest at the next calls. Numbers of completed loads, in order, are kept
+    for :meth:`settled` (the scheduler side learns which loads ended).
     """
 
-    __slots__ = ("_pending",)
+    __slots__ = ("_pending", "_ready", "_settled")
 
     def __init__(self) -> None:
         self._pending: dict[str, list[list[int]]] = {}  # request id -> [[load number, owed mask], ...]
+        self._ready: dict[str, int] = {}  # request id -> completed loads not reported yet
+        self._settled: list[int] = []  # numbers of the loads completed since the last settled()
 
     def expect(self, loads: Iterable[tuple[str, int, int]]) -> None:
         pending = self._pending
@@ -156,8 +165,9 @@ class ReceiveTracker:
                     entries.append([number, mask])
 
     def report(self, index: int, request_id: str) -> Drop | bool:
-        """Child ``index`` finished receiving: ``True`` when a load of the request completed (pass it
-        on), ``False`` when it still waits for other children, or why the report is dropped."""
+        """Child ``index`` finished receiving: ``True`` when loads of the request completed (each is
+        handed out by :meth:`take`), ``False`` when it still waits for other children, or why the
+        report is dropped."""
         entries = self._pending.get(request_id)
         if entries is None:
             return Drop.RECV_NOT_PENDING
@@ -170,20 +180,50 @@ class ReceiveTracker:
             return Drop.RECV_NOT_LOADER
         if entries[0][1]:
             return False
+        done = 0
         while entries and not entries[0][1]:
+            self._settled.append(entries[0][0])
             del entries[0]
+            done += 1
         if not entries:
             del self._pending[request_id]
+        self._ready[request_id] = self._ready.get(request_id, 0) + done
         return True
+
+    def take(self) -> set[str] | None:
+        """The requests to report now: each with a completed load not reported yet, once."""
+        ready = self._ready
+        if not ready:
+            return None
+        now = set(ready)
+        for request_id in now:
+            left = ready[request_id] - 1
+            if left:
+                ready[request_id] = left
+            else:
+                del ready[request_id]
+        return now
+
+    def settled(self) -> tuple[int, ...]:
+        """The numbers of the loads completed since the last call, in order."""
+        numbers, self._settled = tuple(self._settled), []
+        return numbers
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def state(self) -> dict[str, list[list[int]]]:
-        return {request_id: [list(entry) for entry in entries] for request_id, entries in self._pending.items()}
+    def state(self) -> dict[str, object]:
+        return {
+            "pending": {request_id: [list(entry) for entry in entries] for request_id, entries in self._pending.items()},
+            "ready": dict(self._ready),
+            "settled": list(self._settled),
+        }
 
-    def restore(self, state: Mapping[str, list[list[int]]]) -> None:
-        self._pending = {request_id: [list(entry) for entry in entries] for request_id, entries in state.items()}
+    def restore(self, state: Mapping[str, Any]) -> None:
+        pending: Mapping[str, list[list[int]]] = state["pending"]
+        self._pending = {request_id: [list(entry) for entry in entries] for request_id, entries in pending.items()}
+        self._ready = dict(state["ready"])
+        self._settled = list(state["settled"])
 
 
 publish(__name__)

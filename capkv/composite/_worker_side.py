@@ -173,20 +173,18 @@ class WorkerSide(StackState):
                     receives = self._receives
                     for request_id in cast("set[str]", child_recving):
                         received = receives.report(index, request_id)
-                        if received is True:
-                            if recving is None:
-                                recving = {request_id}
-                            else:
-                                recving.add(request_id)
-                        elif received is not False:
+                        if received is not True and received is not False:
                             self._dropped.add(self._names[index], received, request_id)
                 else:
                     bad = bad_answer(self._names[index], "get_finished", answer, _IDS)
                     failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
             index += 1
-        if failures:
+        if failures:  # completed loads stay in the tracker, for the next call
             self._held_sending, self._held_recving = sending, recving
             raise failure(type(self).__name__, self._names, "get_finished", failures, HELD)
+        completed = self._receives.take()  # one per request per call: a second load of it waits for the next
+        if completed:
+            recving = completed if recving is None else recving | completed
         return sending, recving
 
     def _tell_failed_loads(self) -> None:
