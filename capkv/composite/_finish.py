@@ -17,6 +17,8 @@ from typing import Any, cast
 
 from capkv.composite._fanout import Failures, bad_answer
 from capkv.composite._plan import Plan
+from capkv.composite._settling import LoadSettling, unfilled_masked
+from capkv.contracts._spec import KVSpec
 from capkv.contracts._engine import KVTransferParams, Request
 from capkv.errors import ConflictError, FinishError
 
@@ -36,11 +38,19 @@ class FinishRoutine:
     _names: tuple[str, ...]
     _savers: list[tuple[str, int]]
     _plans: dict[str, Plan]
+    _settling: LoadSettling
+    _spec: KVSpec | None
 
     def _finish(
         self, request: Request, finishers: tuple[tuple[int, Finisher], ...], block_ids: object, method: str
     ) -> FinishResult:
-        """Tell every child; record who saves; merge transfer params; one error if anything failed."""
+        """Tell every child; record who saves; merge transfer params; one error if anything failed.
+
+        From the first token of a load the engine has not heard the end of, every child gets the null
+        block (:mod:`~capkv.composite._settling`): no tier saves what never arrived."""
+        first = self._settling.finishing(request.request_id)
+        if first is not None:
+            block_ids = unfilled_masked(block_ids, first, self._spec, method == "request_finished")
         savers = 0
         returned: list[tuple[int, Any]] | None = None
         failures: Failures | None = None

@@ -208,6 +208,7 @@ class SchedulerSide(FinishRoutine, StackState):
         if started:
             self._load_serial += 1
             self._loads.append((request.request_id, self._load_serial, async_mask))
+            self._settling.started(request.request_id, self._load_serial, local, async_mask != 0)
             failures = self._tell_foreign(request, counts, local, local + started, failures)
         if failures:
             raise self._alloc_failed(failures, started)
@@ -282,6 +283,7 @@ class SchedulerSide(FinishRoutine, StackState):
             self._savers = []
             self._loads = []
         metadata = MultiConnectorMetadata(tuple(metas), books)
+        self._settling.built(not failures)
         if failures:
             self._unsent = books
             raise failure(type(self).__name__, self._names, "build_connector_meta", failures, ATTACHED,
@@ -299,6 +301,7 @@ class SchedulerSide(FinishRoutine, StackState):
         that take the engine's own output (:mod:`~capkv.composite._native`) get that one,
         its worker-metadata field set the same way.
         """
+        self._settling.output(connector_output.finished_recving)
         worker_meta = connector_output.worker_meta
         children = self._children
         if worker_meta is None:

@@ -21,6 +21,7 @@ from capkv.composite._finish import Finisher
 from capkv.composite._metadata import Book, MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.composite._native import native_calls
 from capkv.composite._plan import Plan
+from capkv.composite._settling import LoadSettling
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import LoadErrors, Request, WorkerMetadata
 from capkv.contracts._spec import KVSpec
@@ -60,6 +61,8 @@ class StackState(StackNode):
         "_early_failures",
         "_promote",
         "_alignment",
+        "_spec",
+        "_settling",
         "_load_serial",
         "_loaded_tokens",
         "_promoted_tokens",
@@ -102,6 +105,9 @@ class StackState(StackNode):
     _early_failures: Failures | None
     _promote: bool
     _alignment: int | None
+    _spec: KVSpec | None
+    """The engine's KV cache, once bound: where a token's block is, and the null block."""
+    _settling: LoadSettling
     _load_serial: int
     _loaded_tokens: list[int]
     _promoted_tokens: list[int]
@@ -147,6 +153,8 @@ class StackState(StackNode):
         self._early_failures = None
         self._promote = promote
         self._alignment = None
+        self._spec = None
+        self._settling = LoadSettling()
         self._load_serial = 0
         self._loaded_tokens = [0] * len(children)
         self._promoted_tokens = [0] * len(children)
@@ -212,6 +220,7 @@ class StackState(StackNode):
         another child continues must end on a boundary of every group's blocks."""
         sizes = [group.block_size for group in spec.groups if group.block_size]
         self._alignment = math.lcm(*sizes) if sizes else None
+        self._spec = spec
         for child in self._children:
             nested: object = getattr(child, "bind_kv_spec", None)
             if isinstance(child, StackNode) and callable(nested):
@@ -264,6 +273,8 @@ class StackState(StackNode):
         state: dict[str, object] = {
             "plans": dict(self._plans),
             "alignment": self._alignment,
+            "spec": self._spec,
+            "settling": self._settling.state(),
             "load_serial": self._load_serial,
             "loaded_tokens": list(self._loaded_tokens),
             "promoted_tokens": list(self._promoted_tokens),
@@ -287,6 +298,10 @@ class StackState(StackNode):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._plans = dict(state["plans"])
         self._alignment = state["alignment"]
+        self._spec = state.get("spec")
+        self._settling = LoadSettling()
+        if "settling" in state:
+            self._settling.restore(state["settling"])
         self._load_serial = state["load_serial"]
         self._loaded_tokens = list(state["loaded_tokens"])
         self._promoted_tokens = list(state["promoted_tokens"])

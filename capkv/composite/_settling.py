@@ -1,0 +1,163 @@
+"""Which loads the engine has not heard the end of, on the scheduler side: their blocks are never saved.
+
+A request's blocks from a load's first token on hold what that load put there
+only once it completed; until then they hold whatever the engine's pool had
+(an aborted or preempted request, a failed or partial load, a request the
+engine failed in the very step its load failed). So the stack keeps every load
+*unsettled* until the engine has heard its outcome, and a request that finishes
+with an unsettled load hands its children the null block from that load's
+first token on: no tier saves (or promotes, or later offers as a hit) a block
+that was never filled. Once settled, a failed load's blocks are the engine's
+to recompute (it rolled the request back), and saves follow what the request
+computed.
+
+A load settles:
+
+- asynchronous (any slice): when the engine's ``finished_recving`` carries its
+  request (the stack reports loads of one id in order, so the oldest pending
+  load of that id is the one reported). A load of a request that finished meanwhile
+  stays here until then, so that a reused request id's report is not taken for
+  the new load's.
+- synchronous: when the engine hands over the output of the step that ran it.
+  The stack counts outputs against the metadata it built: the n-th
+  ``update_connector_output`` is the output of step n or a later one (an engine
+  may skip empty outputs, never reorder them), so a load shipped in step n is
+  settled once n outputs came back. A skipped output settles later, never
+  earlier: the error is a lost save, never a wrong block.
+
+Without a bound :class:`~capkv.KVSpec` (see :func:`capkv.check_stack`) the stack
+cannot tell which of a group's blocks a token falls in: a request with an
+unsettled load then hands its children no blocks at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from capkv.contracts._spec import KVSpec
+
+__all__ = ["LoadSettling", "unfilled_masked"]
+
+
+class LoadSettling:
+    """The scheduler side's loads the engine has not heard the end of."""
+
+    __slots__ = ("_pending", "_unbuilt", "_shipped", "_builds", "_outputs")
+
+    def __init__(self) -> None:
+        self._pending: dict[str, list[list[int]]] = {}
+        """Request id -> [[load number, first token, asynchronous (0/1), request live (0/1)], ...], in order."""
+        self._unbuilt: list[tuple[str, int]] = []
+        """Synchronous loads not yet in metadata that was built."""
+        self._shipped: list[tuple[int, str, int]] = []
+        """(step, request id, load number) of synchronous loads, by the step whose metadata carried them."""
+        self._builds = 0
+        self._outputs = 0
+
+    def started(self, request_id: str, number: int, first: int, load_async: bool) -> None:
+        """A load of tokens from ``first`` on started (``update_state_after_alloc``)."""
+        entry = [number, first, 1 if load_async else 0, 1]
+        entries = self._pending.get(request_id)
+        if entries is None:
+            self._pending[request_id] = [entry]
+        else:
+            entries.append(entry)
+        if not load_async:
+            self._unbuilt.append((request_id, number))
+
+    def built(self, ok: bool) -> None:
+        """A step's metadata was built; ``ok``: with the loads started since (a failed build re-sends them)."""
+        self._builds += 1
+        if ok and self._unbuilt:
+            step = self._builds
+            self._shipped.extend((step, request_id, number) for request_id, number in self._unbuilt)
+            self._unbuilt = []
+
+    def output(self, finished_recving: object) -> None:
+        """A step's output came back (``update_connector_output``)."""
+        if self._outputs < self._builds:  # a report before any step (a handshake's) settles nothing
+            self._outputs += 1
+            shipped = self._shipped
+            if shipped and shipped[0][0] <= self._outputs:
+                done = 0
+                for step, request_id, number in shipped:
+                    if step > self._outputs:
+                        break
+                    self._settle(request_id, number)
+                    done += 1
+                del shipped[:done]
+        if finished_recving and self._pending:
+            for request_id in cast("Sequence[str]", finished_recving):
+                entries = self._pending.get(request_id)
+                if entries is None:
+                    continue
+                for entry in entries:
+                    if entry[2]:
+                        self._settle(request_id, entry[0])
+                        break
+
+    def _settle(self, request_id: str, number: int) -> None:
+        entries = self._pending.get(request_id)
+        if entries is None:
+            return
+        for position, entry in enumerate(entries):
+            if entry[0] == number:
+                del entries[position]
+                break
+        if not entries:
+            del self._pending[request_id]
+
+    def finishing(self, request_id: str) -> int | None:
+        """The request finished: the first token of its earliest unsettled load, if any. Its synchronous
+        loads are forgotten; its asynchronous ones wait for their reports (the id may be reused)."""
+        entries = self._pending.get(request_id)
+        if entries is None:
+            return None
+        first: int | None = None
+        kept: list[list[int]] = []
+        for entry in entries:
+            if entry[3]:
+                first = entry[1] if first is None else min(first, entry[1])
+                entry[3] = 0
+            if entry[2]:
+                kept.append(entry)
+        if kept:
+            self._pending[request_id] = kept
+        else:
+            del self._pending[request_id]
+        return first
+
+    def unsettled(self, request_id: str) -> int:
+        """How many loads of the request (live or finished) the engine has not heard the end of."""
+        return len(self._pending.get(request_id, ()))
+
+    def state(self) -> dict[str, object]:
+        return {
+            "pending": {request_id: [list(entry) for entry in entries] for request_id, entries in self._pending.items()},
+            "unbuilt": list(self._unbuilt), "shipped": list(self._shipped),
+            "builds": self._builds, "outputs": self._outputs,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        pending: Mapping[str, list[list[int]]] = state["pending"]
+        self._pending = {request_id: [list(entry) for entry in entries] for request_id, entries in pending.items()}
+        self._unbuilt = [tuple(item) for item in state["unbuilt"]]
+        self._shipped = [tuple(item) for item in state["shipped"]]
+        self._builds = state["builds"]
+        self._outputs = state["outputs"]
+
+
+def unfilled_masked(block_ids: Any, first: int, spec: KVSpec | None, single: bool) -> Any:
+    """``block_ids`` (one group's list when ``single``, else one list per group) with the null block from
+    token ``first`` on; without a spec, no blocks at all."""
+    groups: Sequence[Sequence[int]] = [block_ids] if single else block_ids
+    masked: list[list[int]] = []
+    for index, ids in enumerate(groups):
+        if spec is None or index >= len(spec.groups):
+            masked.append([])
+            continue
+        size = spec.groups[index].block_size or 1
+        keep = min(first // size, len(ids))
+        masked.append(list(ids[:keep]) + [spec.null_block_id] * (len(ids) - keep))
+    return masked[0] if single else tuple(masked)
