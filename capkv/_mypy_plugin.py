@@ -43,8 +43,9 @@ from capkv import _mypy_conformance, _mypy_rule
 from capkv._homes import publish
 from capkv._mypy_conformance import member_differences
 from capkv._mypy_rule import CONNECTOR, HMA_STACK, StackRule, has_unpack, type_name
-from capkv.capabilities import _hma
-from capkv.capabilities._hma import HMA_METHOD, explain_not_hma
+from capkv.capabilities import _hma, _table
+from capkv.capabilities._hma import explain_not_hma
+from capkv.capabilities._table import HMA_METHOD, fold
 from capkv.composite._options import STACK_OPTIONS
 
 __all__ = ["CAPKV_CONNECTOR", "CAPKV_HMA", "SUPPORTED_MYPY", "CapkvPlugin", "plugin"]
@@ -61,7 +62,7 @@ CAPKV_CONNECTOR = ErrorCode("capkv-connector", "A stack's child is not a KVConne
 
 _RULE_DIGEST = hashlib.sha256(
     b"".join(
-        Path(path).read_bytes() for path in (__file__, *(m.__file__ or "" for m in (_mypy_conformance, _mypy_rule, _hma)))
+        Path(path).read_bytes() for path in (__file__, *(m.__file__ or "" for m in (_mypy_conformance, _mypy_rule, _hma, _table)))
     )
 ).hexdigest()
 
@@ -147,7 +148,7 @@ class CapkvPlugin(Plugin):
             return self._explain_children(ctx.api, call, children, labels)
         if options:
             return ctx.default_return_type  # the subclass's own constructor types the call
-        hma = all(self._rule.is_hma(child) for child in children)
+        hma = fold(HMA_METHOD, (self._rule.is_hma(child) for child in children))
         return self._rule.stack(children, hma=hma) if exact else self._rule.any_arity_stack(hma=hma)
 
     def _explain_children(
@@ -257,7 +258,7 @@ class CapkvPlugin(Plugin):
             if any(child is None or not self._rule.is_connector(child) for child in children):
                 return None
             known = [child for child in children if child is not None]
-            return self._rule.stack(known, hma=all(self._rule.is_hma(child) for child in known))
+            return self._rule.stack(known, hma=fold(HMA_METHOD, (self._rule.is_hma(child) for child in known)))
         return api.get_expression_type(expr, formal)
 
     def _is_receiver(self, api: CheckerPluginInterface, call: CallExpr) -> bool:

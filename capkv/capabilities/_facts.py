@@ -27,8 +27,11 @@ __all__ = [
     "PIECEWISE",
     "STATIC_FACTS",
     "NeedsInstance",
+    "SLEEP_MODE",
+    "SleepFact",
     "StaticFact",
     "class_fact",
+    "class_sleeps",
 ]
 
 StaticFact = Literal["get_required_kvcache_layout", "requires_piecewise_for_cudagraph", "get_finished_count"]
@@ -37,6 +40,11 @@ StaticFact = Literal["get_required_kvcache_layout", "requires_piecewise_for_cuda
 LAYOUT: Final = "get_required_kvcache_layout"
 PIECEWISE: Final = "requires_piecewise_for_cudagraph"
 FINISHED_COUNT: Final = "get_finished_count"
+
+SleepFact = Literal["supports_sleep_mode"]
+"""The sleep-mode fact (asked at configuration time by vLLM releases that have it, not shown by ``capkv check``'s tree)."""
+
+SLEEP_MODE: Final = "supports_sleep_mode"
 
 STATIC_FACTS: tuple[StaticFact, ...] = (LAYOUT, PIECEWISE, FINISHED_COUNT)
 """The facts, in the order ``capkv check`` shows them."""
@@ -55,7 +63,7 @@ NEEDS_INSTANCE: Final = NeedsInstance.NEEDS_INSTANCE
 """What :func:`class_fact` returns when only an instance can answer."""
 
 
-def class_fact(cls: type[Any], fact: StaticFact) -> object:
+def class_fact(cls: type[Any], fact: StaticFact | SleepFact) -> object:
     """``cls``'s answer to ``fact`` when its member is class-level, else :data:`NEEDS_INSTANCE`.
 
     The member is found as attribute lookup finds it (through the MRO, without
@@ -73,6 +81,18 @@ def class_fact(cls: type[Any], fact: StaticFact) -> object:
         answer: object = bound()
         return answer
     return NEEDS_INSTANCE
+
+
+def class_sleeps(cls: type[Any]) -> object:
+    """Whether the engine may sleep (give up its KV cache's memory) with capkv connector class ``cls``.
+
+    Its class-level ``supports_sleep_mode()`` says; a class without the member can (vLLM's base
+    default): a connector that holds views of the KV cache releases them in ``unregister_kv_caches``
+    and is registered again on wake. An instance method: :data:`NEEDS_INSTANCE`.
+    """
+    if inspect.getattr_static(cls, SLEEP_MODE, None) is None:
+        return True
+    return class_fact(cls, SLEEP_MODE)
 
 
 def _needs_arguments(member: Any) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from capkv._homes import publish
+from capkv.capabilities._table import HMA_METHOD, fold
 
 __all__ = [
     "HMA_METHOD",
@@ -31,7 +32,6 @@ __all__ = [
     "supports_hma",
 ]
 
-HMA_METHOD = "request_finished_all_groups"
 HMA_RULE = "an HMA stack needs every child to"
 """How every explanation of a non-HMA stack ends (runtime checks, ``capkv check``, the mypy plugin)."""
 
@@ -73,7 +73,7 @@ class StackNode(ABC):
 def supports_hma(connector: object) -> bool:
     """Whether ``connector`` (an instance, a class, or a stack node) handles several KV-cache groups."""
     if isinstance(connector, StackNode):
-        return connector.finishes_all_groups and all(supports_hma(child) for child in connector.children)
+        return connector.finishes_all_groups and fold(HMA_METHOD, (supports_hma(child) for child in connector.children))
     return callable(getattr(connector, HMA_METHOD, None))
 
 

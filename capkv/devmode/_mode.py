@@ -46,6 +46,10 @@ _UNCHECKED = (
     "capkv.contracts._kv_tensors",
     "capkv.contracts._violation",
     "capkv.adapters.vllm._host",
+    "capkv.adapters.vllm._host_class",
+    "capkv.adapters.vllm._host_stats",
+    "capkv.adapters.vllm._host_worker",
+    "capkv.adapters.vllm._members",
     "capkv.adapters.vllm._drop_in",
     "capkv.adapters.vllm._vllm_calls",
 )

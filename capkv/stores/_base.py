@@ -150,6 +150,11 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], /) -> None:
         self._worker.register(kv_caches)
 
+    def unregister_kv_caches(self) -> None:
+        """The engine is about to give up its KV cache's memory (vLLM's sleep mode): finish every copy
+        out of it and drop the views of it. The engine's host registers the same cache again on wake."""
+        self._worker.release()
+
     def bind_connector_metadata(self, connector_metadata: ConnectorMetadata, /) -> None:
         if not isinstance(connector_metadata, StoreMetadata):
             raise MetadataError(

@@ -154,6 +154,17 @@ class StoreWorker:
             )
         self._attached(copier)
 
+    def release(self) -> None:
+        """Finish every copy out of the registered KV cache, then drop the views of it (and the staging
+        rows on its device) until :meth:`register` is called again. Saves already copied out are written on."""
+        for handles in self._sending.values():
+            for handle in handles:
+                handle.wait()
+        if self._ring is not None:
+            self._ring.clear()
+            self._ring = None
+        self._copier = None
+
     def _attached(self, copier: capkv.transfer._copier.BlockCopier) -> None:
         """The engine registered its KV cache (a store sizes its memory here)."""
 

@@ -20,7 +20,6 @@ read as well.
 from __future__ import annotations
 
 import logging
-import types
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, ClassVar, cast
 
@@ -32,6 +31,7 @@ from vllm.v1.request import Request
 from capkv._homes import publish
 from capkv.adapters.vllm._child import wrap
 from capkv.adapters.vllm._host import CapkvConnector
+from capkv.adapters.vllm._members import complete
 from capkv.adapters.vllm._stack import Engine, build_hosted, load_hosted
 from capkv.adapters.vllm._vllm_calls import load_plans, wrapped_vllm
 from capkv.capabilities._hma import StackNode, explain_not_hma, non_hma_children, supports_hma
@@ -192,45 +192,5 @@ def _unwrapped(child: object) -> object:
     return child if found is None else found
 
 
-def _own_every_member(cls: type[Any]) -> type[Any]:
-    """Make every member of vLLM's connector base class one of ``cls``'s own (in its ``__dict__``), as
-    vLLM's composite defines them, so a check of the class's namespace sees each one delegated. Each is
-    the inherited implementation itself, bound to ``cls``'s module (it is part of ``cls``'s public face)."""
-    skip = {"role", "has_connector_metadata"}
-    for name in dir(KVConnectorBase_V1):
-        if name.startswith("_") or name in skip or name in vars(cls):
-            continue
-        for base in cls.__mro__[1:]:
-            if name in vars(base):
-                if base is KVConnectorBase_V1:
-                    raise TypeError(f"{cls.__name__} does not implement {name}")
-                setattr(cls, name, _owned(vars(base)[name], cls))
-                break
-    return cls
-
-
-def _owned(member: Any, cls: type[Any]) -> Any:
-    """``member`` (a function, classmethod, staticmethod or property) as ``cls``'s own."""
-    if isinstance(member, types.FunctionType):
-        copy = types.FunctionType(member.__code__, member.__globals__, member.__name__, member.__defaults__,
-                                  member.__closure__)
-        copy.__kwdefaults__ = member.__kwdefaults__
-        copy.__annotations__ = dict(member.__annotations__)
-        copy.__doc__ = member.__doc__
-        copy.__qualname__ = f"{cls.__qualname__}.{member.__name__}"
-        copy.__module__ = cls.__module__
-        return copy
-    if isinstance(member, classmethod):
-        owned: Any = classmethod(_owned(cast("Any", member).__func__, cls))
-        return owned
-    if isinstance(member, staticmethod):
-        still: Any = staticmethod(_owned(cast("Any", member).__func__, cls))
-        return still
-    if isinstance(member, property):
-        getter: Any = member.fget
-        return property(_owned(getter, cls), member.fset, member.fdel, member.__doc__)
-    return member
-
-
-_own_every_member(MultiConnector)
+complete(MultiConnector, own=True)  # every member its own, as vLLM's composite defines them
 publish(__name__, "capkv.vllm")

@@ -30,14 +30,23 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID
 from capkv.adapters.vllm._child import wrap_configured
-from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE, StaticFact, class_fact
+from capkv.capabilities._facts import (
+    LAYOUT,
+    NEEDS_INSTANCE,
+    PIECEWISE,
+    SLEEP_MODE,
+    SleepFact,
+    StaticFact,
+    class_fact,
+    class_sleeps,
+)
 from capkv.composite._agreement import child_label, combine
 from capkv.config._build import build_connector, build_stack
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack, load_stack
 from capkv.contracts._spec import KVSpec
 from capkv.errors import CapkvError, ConfigError
 
-__all__ = ["Engine", "build_hosted", "configured_fact", "load_hosted"]
+__all__ = ["Engine", "build_hosted", "child_transfer_config", "child_vllm_config", "configured_fact", "load_hosted"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,16 @@ def is_vllm_connector(cls: type[Any]) -> bool:
 
 def child_vllm_config(vllm_config: VllmConfig, leaf: ConfiguredConnector, *, inherit_role: bool = True) -> VllmConfig:
     """The engine's config as ``leaf`` must see it: its own entry as the ``kv_transfer_config``."""
-    host = vllm_config.kv_transfer_config
+    child = copy.copy(vllm_config)
+    child.kv_transfer_config = child_transfer_config(vllm_config.kv_transfer_config, leaf, inherit_role=inherit_role)
+    return child
+
+
+def child_transfer_config(
+    host: KVTransferConfig | None, leaf: ConfiguredConnector, *, inherit_role: bool = True
+) -> KVTransferConfig:
+    """``leaf``'s own ``kv_transfer_config``: its entry, with the host's ``engine_id`` (and ``kv_role``,
+    with ``inherit_role``) unless the entry has its own."""
     entry: dict[str, Any] = {
         key: value for key, value in leaf.entry.items() if key in _TRANSFER_FIELDS and value is not None
     }
@@ -79,9 +97,7 @@ def child_vllm_config(vllm_config: VllmConfig, leaf: ConfiguredConnector, *, inh
         entry.setdefault("engine_id", host.engine_id)
         if inherit_role:
             entry.setdefault("kv_role", host.kv_role)
-    child = copy.copy(vllm_config)
-    child.kv_transfer_config = KVTransferConfig(**entry)
-    return child
+    return KVTransferConfig(**entry)
 
 
 _TRANSFER_FIELDS: frozenset[str] = frozenset(getattr(KVTransferConfig, "__dataclass_fields__", ()))
@@ -141,25 +157,46 @@ def _takes_spec(cls: type[Any]) -> bool:
 
 
 def configured_fact(
-    node: ConfiguredNode, fact: StaticFact, *, vllm_config: VllmConfig | None
+    node: ConfiguredNode,
+    fact: StaticFact | SleepFact,
+    *,
+    vllm_config: VllmConfig | None,
+    transfer: KVTransferConfig | None = None,
+    inherit_role: bool = True,
 ) -> object:
     """``fact`` for the configured stack from its classes; :data:`NEEDS_INSTANCE` when a class cannot say.
 
     vLLM's own connector classes answer with vLLM's arguments: the layout from
-    their ``kv_transfer_config``, piecewise CUDA graphs from their extra config.
+    their ``kv_transfer_config``, piecewise CUDA graphs from their extra config,
+    sleep mode from their ``kv_transfer_config`` (``transfer``, else ``vllm_config``'s,
+    is the host's). A stack combines its children's answers by the fact's row of
+    :mod:`capkv.capabilities._table`.
     """
+    if transfer is None and vllm_config is not None:
+        transfer = vllm_config.kv_transfer_config
     if isinstance(node, ConfiguredStack):
-        answers = [configured_fact(entry, fact, vllm_config=vllm_config) for entry in node.entries]
+        answers = [
+            configured_fact(entry, fact, vllm_config=vllm_config, transfer=transfer, inherit_role=inherit_role)
+            for entry in node.entries
+        ]
         if any(answer is NEEDS_INSTANCE for answer in answers):
             return NEEDS_INSTANCE
         labelled = [(child_label(i, entry.cls.__name__), a) for i, (entry, a) in enumerate(zip(node.entries, answers), 1)]
         return combine(node.cls.__name__, fact, labelled)
     if is_vllm_connector(node.cls):
         if fact == LAYOUT and vllm_config is not None:
-            layout: object = node.cls.get_required_kvcache_layout(child_vllm_config(vllm_config, node))
+            child = child_vllm_config(vllm_config, node, inherit_role=inherit_role)
+            layout: object = node.cls.get_required_kvcache_layout(child)
             return layout
         if fact == PIECEWISE:
             piecewise: object = node.cls.requires_piecewise_for_cudagraph(dict(node.extra_config))
             return piecewise
+        if fact == SLEEP_MODE:
+            asked: Any = getattr(node.cls, SLEEP_MODE, None)
+            if asked is None:  # a vLLM release without sleep mode for connectors: nothing to refuse
+                return True
+            return bool(asked(child_transfer_config(transfer, node, inherit_role=inherit_role)))
         return NEEDS_INSTANCE
+    if fact == SLEEP_MODE:
+        return class_sleeps(node.cls)
     return class_fact(node.cls, fact)

@@ -2,10 +2,10 @@
 
 capkv's stores neither hold vLLM's block pool nor push KV to peers, so these
 members concern vLLM's own connectors in the stack (wrapped anywhere in it). Each
-is forwarded to every one of them with vLLM's composite's semantics — ``any`` for
-capabilities a child may need (``requires_kv_delivery``, pending frees), ``all`` for
-those every child must have (``supports_divergent_local_hybrid_hits``, which a capkv
-store does not have: it never restores recurrent state), and the member of the
+is forwarded to every one of them with vLLM's composite's semantics — capabilities by
+their row of :mod:`capkv.capabilities._table` (``requires_kv_delivery``: any child;
+``supports_divergent_local_hybrid_hits``: every child, which a capkv store is not: it
+never restores recurrent state), ``any`` for pending frees, and the member of the
 child serving a request for per-request answers (loaded groups, hit sources).
 """
 
@@ -19,6 +19,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.request import Request
 
 from capkv.capabilities._hma import StackNode
+from capkv.capabilities._table import DELIVERY, DIVERGENT_HITS, fold
 from capkv.composite._plan import Plan
 from capkv.contracts._connector import KVConnector
 
@@ -85,11 +86,11 @@ class VllmOnlyMembers(KVConnectorBase_V1):
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
         children = self._vllm_children
-        return self._only_vllm and bool(children) and all(c.supports_divergent_local_hybrid_hits for c in children)
+        return self._only_vllm and bool(children) and fold(DIVERGENT_HITS, (c.supports_divergent_local_hybrid_hits for c in children))
 
     @property
     def requires_kv_delivery(self) -> bool:
-        return any(c.requires_kv_delivery for c in self._vllm_children)
+        return fold(DELIVERY, (c.requires_kv_delivery for c in self._vllm_children))
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         self._kv_cache_manager = kv_cache_manager

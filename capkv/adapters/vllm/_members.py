@@ -1,0 +1,147 @@
+"""The members of vLLM's connector base class capkv knows, per release, and the rule for any other.
+
+vLLM adds members with a default to ``KVConnectorBase_V1`` in most releases. A
+host (or the drop-in) that refused an unknown member would stop importing on the
+next release; one that took the base default in silence could drop a call its
+vLLM children need. So :func:`complete` gives a member capkv does not know yet —
+a public member that only the base class defines — one documented default rule,
+and logs one warning naming every such member (docs/vllm.md, "New vLLM members"):
+
+- an instance method is forwarded to every vLLM connector in the stack that has
+  it (each is called, in stack order); it answers what the first of them answered,
+  or, with no vLLM child, what the base default answers;
+- a classmethod, staticmethod, property or attribute is the base default.
+
+Known members are those of :data:`VLLM_MEMBERS` (every release capkv supports);
+``tests/vllm/test_members.py`` fails, naming them, on a vLLM with members outside
+it, which is how capkv learns of them: the rule is the fallback, not the plan.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+__all__ = ["BASE_OWNED", "VLLM_MEMBERS", "complete", "known_members", "unknown_members"]
+
+_V032: frozenset[str] = frozenset({
+    "bind_connector_metadata", "bind_gpu_block_pool", "bind_kv_cache_manager", "build_connector_meta",
+    "build_connector_worker_meta", "build_kv_connector_stats", "build_prom_metrics", "clear_connector_metadata",
+    "finish_forward", "get_block_ids_with_load_errors", "get_external_cache_hit_sources", "get_finished",
+    "get_finished_count", "get_handshake_metadata", "get_kv_connector_kv_cache_events", "get_kv_connector_stats",
+    "get_loaded_kv_cache_group_ids", "get_mem_pool_context", "get_num_new_matched_tokens",
+    "get_required_kvcache_layout", "get_transfer_results", "handle_preemptions", "has_connector_metadata",
+    "has_pending_block_frees", "has_pending_push_work", "on_new_request", "register_finished_partial_tail",
+    "register_kv_caches", "request_finished", "requires_kv_delivery", "requires_piecewise_for_cudagraph",
+    "reset_cache", "reset_capture_state", "role", "save_kv_layer", "set_host_xfer_buffer_ops",
+    "set_xfer_handshake_metadata", "set_xfer_handshake_metadata_pp_aware", "shutdown", "start_load_kv",
+    "supports_divergent_local_hybrid_hits", "take_events", "update_connector_output", "update_state_after_alloc",
+    "wait_for_layer_load", "wait_for_save",
+})
+
+VLLM_MEMBERS: Mapping[str, frozenset[str]] = types.MappingProxyType({
+    "0.32": _V032,
+    "0.33": _V032 | {"supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches"},
+})
+"""The public members of ``KVConnectorBase_V1`` in each supported vLLM release."""
+
+BASE_OWNED: frozenset[str] = frozenset({"role", "has_connector_metadata"})
+"""Known members a host leaves to vLLM's base class by design (its state is the base's own)."""
+
+_log = logging.getLogger("capkv.vllm")
+_warned: set[str] = set()
+
+
+def known_members() -> frozenset[str]:
+    """Every member capkv knows, in any supported release."""
+    return frozenset[str]().union(*VLLM_MEMBERS.values())
+
+
+def unknown_members(base: type[Any] = KVConnectorBase_V1) -> list[str]:
+    """The public members of vLLM's base class (as installed) that capkv does not know, sorted."""
+    known = known_members()
+    return sorted(name for name in dir(base) if not name.startswith("_") and name not in known)
+
+
+def complete(cls: type[Any], *, own: bool = False) -> tuple[str, ...]:
+    """Give ``cls`` the default rule for every unknown member only vLLM's base defines; return their names.
+
+    With ``own``, also make every other member of the base one of ``cls``'s own (in its ``__dict__``,
+    bound to its module), as vLLM's composite defines them, so a check of the class's namespace sees
+    each one delegated.
+    """
+    known = known_members()
+    filled: list[str] = []
+    for name in dir(KVConnectorBase_V1):
+        if name.startswith("_") or name in vars(cls) or name in BASE_OWNED:
+            continue
+        owner = next(base for base in cls.__mro__ if name in vars(base))
+        member: object = vars(owner)[name]
+        if owner is KVConnectorBase_V1:
+            if name in known:
+                continue  # a known member the class leaves to the base: tests/vllm/test_members.py names it
+            filled.append(name)
+            setattr(cls, name, _default_rule(name, member, cls))
+        elif own:
+            setattr(cls, name, _owned(member, cls))
+    _warn(filled)
+    return tuple(filled)
+
+
+def _warn(names: Iterable[str]) -> None:
+    new = [name for name in names if name not in _warned]
+    if not new:
+        return
+    _warned.update(new)
+    _log.warning(
+        "capkv.vllm: this vLLM's connector base class has member%s capkv does not know: %s; each is "
+        "forwarded to the stack's vLLM connectors that have it (an instance method), else vLLM's default "
+        "(see docs/vllm.md, \"New vLLM members\")", "s" if len(new) > 1 else "", ", ".join(new),
+    )
+
+
+def _default_rule(name: str, member: object, cls: type[Any]) -> object:
+    """The rule for an unknown member: instance methods forwarded to the vLLM children; the rest, the base's."""
+    if not isinstance(member, types.FunctionType):
+        return _owned(member, cls)
+    default = cast("Callable[..., Any]", member)
+
+    @functools.wraps(default)
+    def forwarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        children: list[object] = list(getattr(self, "_vllm_children", ()))
+        answers = [getattr(child, name)(*args, **kwargs) for child in children if callable(getattr(child, name, None))]
+        return answers[0] if answers else default(self, *args, **kwargs)
+
+    forwarded.__qualname__ = f"{cls.__qualname__}.{name}"
+    forwarded.__module__ = cls.__module__
+    forwarded.__signature__ = inspect.signature(default)  # type: ignore[attr-defined]
+    return forwarded
+
+
+def _owned(member: Any, cls: type[Any]) -> Any:
+    """``member`` (a function, classmethod, staticmethod or property) as ``cls``'s own."""
+    if isinstance(member, types.FunctionType):
+        copy = types.FunctionType(member.__code__, member.__globals__, member.__name__, member.__defaults__,
+                                  member.__closure__)
+        copy.__kwdefaults__ = member.__kwdefaults__
+        copy.__annotations__ = dict(member.__annotations__)
+        copy.__doc__ = member.__doc__
+        copy.__qualname__ = f"{cls.__qualname__}.{member.__name__}"
+        copy.__module__ = cls.__module__
+        return copy
+    if isinstance(member, classmethod):
+        owned: Any = classmethod(_owned(cast("Any", member).__func__, cls))
+        return owned
+    if isinstance(member, staticmethod):
+        still: Any = staticmethod(_owned(cast("Any", member).__func__, cls))
+        return still
+    if isinstance(member, property):
+        getter: Any = member.fget
+        return property(_owned(getter, cls), member.fset, member.fdel, member.__doc__)
+    return member

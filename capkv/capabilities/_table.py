@@ -1,0 +1,111 @@
+"""How a composite's capabilities follow from its children's: one table, read by every user.
+
+Each row names the member that states a capability, the rule that combines the
+children's answers into the composite's, and who applies it: capkv's composite
+(:class:`~capkv.MultiConnector`, ``capkv check`` on a configured stack, the
+``capkv.mypy`` plugin for HMA), or a host forwarding vLLM's own members to the
+vLLM connectors in a stack, as vLLM's ``MultiConnector`` does. Adding a
+capability is a row here; :func:`combine` and :func:`fold` apply it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeVar
+
+from capkv.errors import ConflictError
+
+__all__ = [
+    "CAPABILITIES",
+    "DELIVERY",
+    "DIVERGENT_HITS",
+    "HMA_METHOD",
+    "SLEEP_MODE",
+    "Capability",
+    "Rule",
+    "capability",
+    "combine",
+    "fold",
+]
+
+HMA_METHOD: Final = "request_finished_all_groups"
+SLEEP_MODE: Final = "supports_sleep_mode"
+DIVERGENT_HITS: Final = "supports_divergent_local_hybrid_hits"
+DELIVERY: Final = "requires_kv_delivery"
+
+_T = TypeVar("_T")
+Labelled = Sequence[tuple[str, _T]]
+"""Children's answers, each with its label (``#2 FileStoreConnector``), in stack order."""
+
+
+class Rule(enum.Enum):
+    """How the children's answers make the composite's."""
+
+    ALL = "every child"
+    """A capability every child must have (``True`` from each; no child: ``True``)."""
+    ANY = "any child"
+    """A need any one child imposes."""
+    AGREE = "the children agree"
+    """One value all children give; any difference, ``None`` included, conflicts."""
+    AGREE_OR_NONE = "the children that state one agree"
+    """One value the children that state one give (``None``: no preference, no vote)."""
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One row: the member, its rule, and who applies it."""
+
+    member: str
+    rule: Rule
+    decided_by: Literal["capkv", "vllm"]
+    """``"capkv"``: capkv's composite and tools; ``"vllm"``: a host, for the vLLM connectors in its stack."""
+
+
+CAPABILITIES: tuple[Capability, ...] = (
+    Capability(HMA_METHOD, Rule.ALL, "capkv"),
+    Capability("get_required_kvcache_layout", Rule.AGREE_OR_NONE, "capkv"),
+    Capability("requires_piecewise_for_cudagraph", Rule.ANY, "capkv"),
+    Capability("get_finished_count", Rule.AGREE, "capkv"),
+    Capability(SLEEP_MODE, Rule.ALL, "capkv"),
+    Capability(DIVERGENT_HITS, Rule.ALL, "vllm"),
+    Capability(DELIVERY, Rule.ANY, "vllm"),
+)
+"""Every capability a composite derives from its children."""
+
+_BY_MEMBER = {row.member: row for row in CAPABILITIES}
+
+
+def capability(member: str) -> Capability:
+    """The row for ``member``; :class:`KeyError` for a member that is not a capability."""
+    return _BY_MEMBER[member]
+
+
+def fold(member: str, answers: Iterable[bool]) -> bool:
+    """A yes/no capability of the composite from its children's answers, by ``member``'s rule."""
+    rule = capability(member).rule
+    if rule is Rule.ALL:
+        return all(answers)
+    if rule is Rule.ANY:
+        return any(answers)
+    raise TypeError(f"{member} is combined by agreement ({rule.value}), not folded as yes/no")
+
+
+def combine(composite: str, member: str, answers: Labelled[Any]) -> object:
+    """The composite's answer to ``member`` from its labelled children's, by the row's rule; children that
+    disagree raise :class:`~capkv.ConflictError` naming each of them and their answers."""
+    rule = capability(member).rule
+    if rule in (Rule.ALL, Rule.ANY):
+        return fold(member, (bool(answer) for _, answer in answers))
+    considered = [(label, a) for label, a in answers if not (rule is Rule.AGREE_OR_NONE and a is None)]
+    distinct = {answer for _, answer in considered}
+    if len(distinct) > 1:
+        detail = ", ".join(f"{label} -> {answer!r}" for label, answer in considered)
+        raise ConflictError(
+            f"{composite}.{member}: sub-connectors disagree ({detail})",
+            connector=", ".join(label for label, _ in considered),
+            method=member,
+            value=sorted(map(repr, distinct)),
+        )
+    return considered[0][1] if considered else None
