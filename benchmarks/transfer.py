@@ -1,6 +1,6 @@
 """Block copy throughput: gather/scatter against a contiguous copy of the same bytes.
 
-Prints, for 16-, 32- and 128-token blocks, the throughput of
+Prints, for 16- to 256-token blocks, the throughput of
 ``BlockCopier.gather`` (paged KV -> host rows) and ``BlockCopier.scatter``
 (host rows -> paged KV) and their ratio to a plain contiguous copy of the same
 number of bytes on the same devices. Same as ``capkv bench transfer``.

