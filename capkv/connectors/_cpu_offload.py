@@ -56,6 +56,8 @@ class HostPool:
         """The pool's bytes (slot ``i`` at ``i * _stride``)."""
         self._stride = 0
         self._slots: dict[StoreKey, int] = {}
+        self._lengths: dict[StoreKey, int] = {}
+        """How many bytes were put under each key (a value put short reads back short: damaged)."""
         self._free = list(range(capacity))
         self._lock = threading.Lock()
 
@@ -86,36 +88,48 @@ class HostPool:
 
     def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
         with self._lock:
-            return [key in self._slots for key in keys]
+            return [self._lengths.get(key) == key.nbytes for key in keys]
+
+    def _places(self, keys: Sequence[StoreKey]) -> list[tuple[int, int] | None]:
+        with self._lock:
+            return [
+                None if (slot := self._slots.get(key)) is None or (length := self._lengths.get(key)) is None
+                else (slot, length)
+                for key in keys
+            ]
 
     def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
-        with self._lock:
-            slots = [self._slots.get(key) for key in keys]
-        return [None if slot is None else bytes(self._slot(slot, key.nbytes)) for key, slot in zip(keys, slots, strict=True)]
+        return [None if place is None else bytes(self._slot(*place)) for place in self._places(keys)]
 
     def get_into(self, keys: Sequence[StoreKey], buffers: Sequence[memoryview], /) -> list[int | None]:
-        with self._lock:
-            slots = [self._slots.get(key) for key in keys]
         read: list[int | None] = []
-        for key, slot, buffer in zip(keys, slots, buffers, strict=True):
-            if slot is None:
+        for place, buffer in zip(self._places(keys), buffers, strict=True):
+            if place is None:
                 read.append(None)
                 continue
-            buffer[: key.nbytes] = self._slot(slot, key.nbytes)
-            read.append(key.nbytes)
+            slot, length = place
+            buffer[:length] = self._slot(slot, length)
+            read.append(length)
         return read
 
     def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> list[bool]:
         stored: list[bool] = []
         for key, value in items:
+            if len(value) > key.nbytes:  # more than a slot holds for it: refused, whatever was there stays
+                stored.append(False)
+                continue
             with self._lock:
                 slot = self._slots.get(key)
                 if slot is None and self._free:
                     slot = self._slots[key] = heapq.heappop(self._free)
-            if slot is None or len(value) > key.nbytes:
+                self._lengths.pop(key, None)  # absent while it is rewritten
+            if slot is None:
                 stored.append(False)
                 continue
             self._slot(slot, len(value))[:] = value
+            with self._lock:
+                if self._slots.get(key) == slot:
+                    self._lengths[key] = len(value)
             stored.append(True)
         return stored
 
@@ -123,12 +137,14 @@ class HostPool:
         with self._lock:
             for key in keys:
                 slot = self._slots.pop(key, None)
+                self._lengths.pop(key, None)
                 if slot is not None:
                     heapq.heappush(self._free, slot)
 
     def close(self) -> None:
         with self._lock:
             self._slots.clear()
+            self._lengths.clear()
         self._memory = memoryview(b"")
         self._pool = None
 

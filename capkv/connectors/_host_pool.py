@@ -142,6 +142,14 @@ class HostPoolIndex:
             self._stamps.pop(key, None)
             heapq.heappush(self._free, slot)
 
+    def lost(self, key: BlockKey) -> None:
+        """A load found ``key``'s value damaged or gone (the worker deleted it): its slot is free, and
+        the key is neither loadable nor held, so the next request that computes it saves it again."""
+        slot = self._ready.pop(key, None)
+        if slot is not None:
+            self._stamps.pop(key, None)
+            heapq.heappush(self._free, slot)
+
     def _evict_one(self) -> bool:
         """Free the slot of the least recently used block that is neither pinned nor in use."""
         skipped: list[tuple[int, BlockKey]] = []

@@ -37,9 +37,10 @@ __all__ = ["RedisBackend", "RedisKeys", "RedisStoreConnector"]
 class RedisKeys:
     """Redis key names: ``capkv:<namespace>:<layout>:g<group>:<digest>``.
 
-    ``<layout>`` is the value's layout fingerprint (the order and sizes of the
-    bytes a block is stored as, and the worker's shard), so engines whose
-    layouts differ keep separate values under one namespace, and
+    ``<layout>`` is the value's layout fingerprint, all 16 bytes (the order and
+    sizes of the bytes a block is stored as, the worker's shard, the value
+    format version), so engines whose layouts or formats differ keep separate
+    values under one namespace, and
     ``SCAN capkv:<namespace>:*`` finds a model's blocks. The namespace is
     percent-encoded where it would split the name or, in a cluster, pin every
     key to one hash slot (``:``, ``{``, ``}``).
@@ -51,7 +52,7 @@ class RedisKeys:
         self._prefix = f"capkv:{quote(namespace, safe='')}:"
 
     def __call__(self, key: StoreKey) -> bytes:
-        return f"{self._prefix}{key.layout[:8].hex()}:g{key.group}:{key.digest.hex()}".encode()
+        return f"{self._prefix}{key.layout.hex()}:g{key.group}:{key.digest.hex()}".encode()
 
 
 class RedisBackend:

@@ -138,3 +138,7 @@ class BackendIndex:
 
     def release(self, key: BlockKey, /) -> None:
         self._pending.discard(key)
+
+    def lost(self, key: BlockKey, /) -> None:
+        """A load found ``key`` damaged (deleted) or absent: ask the backend afresh."""
+        self._known.pop(key, None)

@@ -23,31 +23,70 @@ A block is stored under a :class:`~capkv.stores.StoreKey` made of
    Each worker stores and loads its own shard's values only, and the
    scheduler side offers a block only when every shard's value is there.
 
-Two requests share a key exactly when all of these agree. BLAKE2b from
-:mod:`hashlib` and a fixed encoding (``repr`` of tuples of ``str``/``int``/
-``bytes``): the same key in every process and on every machine — unlike
-``hash()``, or vLLM's own ``request.block_hashes``, which depend on the
-engine's hash settings (``prefix_caching_hash_algo``; a random per-process
-seed for the ``xxhash`` ones unless ``PYTHONHASHSEED`` is set) and on its hash
-block size, so capkv derives its keys from the same *inputs* instead.
+Two requests share a key exactly when all of these agree — and only then, by
+construction: every digest is BLAKE2b (:mod:`hashlib`) of one structure in one
+encoding, :func:`frame`, in which every variable-length part carries its length,
+so no two different structures are the same bytes (no split point moves bytes
+from one part to the next: positions ``(b"ab", b"c")`` are not ``(b"a", b"bc")``).
+The encoding, a value at a time:
+
+- ``None``: ``N``;
+- an ``int`` (a token id, a size, an offset: signed 64-bit): ``I`` + 8 bytes, little-endian;
+- a ``str``: ``S`` + its UTF-8 length (8 bytes, little-endian) + its UTF-8 bytes;
+- ``bytes``: ``B`` + its length (8 bytes) + the bytes;
+- a ``tuple`` or ``list``: ``T`` + its item count (8 bytes) + each item's encoding.
+
+Every encoding says where it ends, so a sequence of them reads back one way
+only: the encoding is injective. The digests it frames:
+
+- a group's root: ``("capkv.prefix.v2", namespace, group, block size, layer
+  names, per-layer block shape, dtype)``;
+- a request's root: ``("capkv.request", group root, cache salt, adapter)``
+  (``None`` for an absent or empty salt, and for no adapter);
+- block ``i``: ``("capkv.block", digest of block i - 1 (block 0: the request's
+  root), the block's token ids (packed as signed 64-bit, one ``bytes``),
+  ((identifier, offset from the block's start, length) of each multimodal item
+  it overlaps, ...), (the prompt-embedding digest of each of its positions that
+  has one, ...))``;
+- the layout fingerprint (:func:`~capkv.stores._worker.layout_fingerprints`):
+  ``("capkv.layout.v3", value format version, dtype, per layer (run bytes,
+  inner dims, outer dims), (tp rank, tp size, pp rank, pp size))`` — the value
+  format version (:data:`~capkv.stores._value.FORMAT_VERSION`) is in it, so a
+  value of another format is another key, never offered to this one.
+
+:class:`~capkv.stores.StoreKey` names join fixed-width hex fields and the
+group number with separators (``<layout>-g<group>-<digest>``), injective too.
+The same key in every process and on every machine — unlike ``hash()``, or
+vLLM's own ``request.block_hashes``, which depend on the engine's hash settings
+(``prefix_caching_hash_algo``; a random per-process seed for the ``xxhash`` ones
+unless ``PYTHONHASHSEED`` is set) and on its hash block size, so capkv derives
+its keys from the same *inputs* instead.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from capkv._homes import publish
+from capkv.contracts._arguments import argument_error
 from capkv.contracts._key_inputs import KeyInputs
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ContractError
 
-__all__ = ["DIGEST_SIZE", "BlockKey", "PrefixHasher", "RequestKeys"]
+__all__ = ["DIGEST_SIZE", "BlockKey", "PrefixHasher", "RequestKeys", "frame", "framed_digest"]
 
 DIGEST_SIZE = 16
 """Bytes per block digest (128 bits)."""
+
+Framed = None | int | str | bytes | tuple[object, ...] | list[object]
+"""What :func:`frame` encodes: ``None``, ints, strings, bytes, and tuples or lists of them (nested:
+their items are checked as they are encoded)."""
+
+_LENGTH = struct.Struct("<Q")
+_INT = struct.Struct("<q")
 
 
 class BlockKey(NamedTuple):
@@ -62,8 +101,39 @@ class BlockKey(NamedTuple):
         return f"g{self.group}-{self.digest.hex()}"
 
 
-def _digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest()
+def frame(value: Framed) -> bytes:
+    """``value`` in the one key encoding (the module's docstring): injective, every part length-framed."""
+    parts: list[bytes] = []
+    _encode(value, parts.append)
+    return b"".join(parts)
+
+
+def framed_digest(value: Framed, *, size: int = DIGEST_SIZE) -> bytes:
+    """The ``size``-byte BLAKE2b digest of ``frame(value)`` (fed to the hash a part at a time)."""
+    hasher = hashlib.blake2b(digest_size=size)
+    _encode(value, hasher.update)
+    return hasher.digest()
+
+
+def _encode(value: object, write: Callable[[bytes], object]) -> None:
+    # bool is an int to Python; keys never hold one, and True must not frame as 1.
+    if value is None:
+        write(b"N")
+    elif type(value) is int:
+        write(b"I" + _INT.pack(value))
+    elif isinstance(value, str):
+        data = value.encode()
+        write(b"S" + _LENGTH.pack(len(data)))
+        write(data)
+    elif isinstance(value, bytes):
+        write(b"B" + _LENGTH.pack(len(value)))
+        write(value)
+    elif isinstance(value, (tuple, list)):
+        write(b"T" + _LENGTH.pack(len(value)))
+        for item in value:
+            _encode(item, write)
+    else:
+        raise argument_error("frame", "value", value, "a key part: None, an int, str or bytes, or a tuple or list of them")
 
 
 class PrefixHasher:
@@ -75,10 +145,10 @@ class PrefixHasher:
         self._owner = owner
         self._block_sizes = tuple(group.block_size or 0 for group in spec.groups)
         self._roots = tuple(
-            _digest(repr((
-                "capkv.prefix.v1", namespace, index, group.block_size, group.layer_names,
+            framed_digest((
+                "capkv.prefix.v2", namespace, index, group.block_size, tuple(group.layer_names),
                 _without(group.kv_shape, spec.block_dim), str(spec.dtype),
-            )).encode())
+            ))
             for index, group in enumerate(spec.groups)
         )
 
@@ -88,10 +158,8 @@ class PrefixHasher:
     def root(self, group: int, inputs: KeyInputs | None = None) -> bytes:
         """The digest a request's chain of ``group`` starts from: the group's root, with the request's
         salt and adapter folded in."""
-        root = self._roots[group]
-        if inputs is None or not (inputs.cache_salt or inputs.adapter):
-            return root
-        return _digest(root + repr(("request", inputs.cache_salt or None, inputs.adapter or None)).encode())
+        salt, adapter = (None, None) if inputs is None else (inputs.cache_salt or None, inputs.adapter or None)
+        return framed_digest(("capkv.request", self._roots[group], salt, adapter))
 
     def extend(
         self,
@@ -117,23 +185,25 @@ class PrefixHasher:
                     f"are not 64-bit integer token ids ({exc})",
                     connector=self._owner, method=method, group=group, value=list(chunk),
                 ) from exc
-            if inputs is not None:
-                packed += _block_inputs(inputs, start, end)
-            previous = _digest(previous + packed)
+            items, embeds = _block_inputs(inputs, start, end)
+            previous = framed_digest(("capkv.block", previous, packed, items, embeds))
             digests.append(previous)
 
 
-def _block_inputs(inputs: KeyInputs, start: int, end: int) -> bytes:
-    """What of the request's inputs feeds positions ``[start, end)`` (empty when nothing does)."""
-    parts: list[tuple[object, ...]] = [
-        ("mm", item.identifier, item.offset - start, item.length)
+_NO_INPUTS: tuple[tuple[Framed, ...], tuple[Framed, ...]] = ((), ())
+
+
+def _block_inputs(inputs: KeyInputs | None, start: int, end: int) -> tuple[tuple[Framed, ...], tuple[Framed, ...]]:
+    """What of the request's inputs feeds positions ``[start, end)``: the multimodal items that overlap
+    them (identifier, offset from ``start``, length) and the embedding digests at those positions."""
+    if inputs is None:
+        return _NO_INPUTS
+    items: tuple[Framed, ...] = tuple(
+        (item.identifier, item.offset - start, item.length)
         for item in inputs.multimodal
         if item.offset < end and item.offset + item.length > start
-    ]
-    if start < len(inputs.prompt_embeds):
-        parts.append(("embeds", _digest(b"".join(inputs.prompt_embeds[start:end]))))
-    # A block's tokens are a fixed number of bytes, so anything appended makes another digest input.
-    return repr(tuple(parts)).encode() if parts else b""
+    )
+    return items, tuple(inputs.prompt_embeds[start:end])
 
 
 class RequestKeys:

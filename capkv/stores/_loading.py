@@ -46,15 +46,16 @@ class Chunk:
 
 class LoadOutcome:
     """What a step's loads did: per group the blocks that failed, the requests they belong to, the
-    values to delete (damaged), what a backend raised, and counts."""
+    values to delete (damaged), the values lost (damaged or absent), what a backend raised, and counts."""
 
-    __slots__ = ("damaged", "errors", "failed_requests", "foreign", "handles", "loaded", "loaded_bytes", "read_failure")
+    __slots__ = ("damaged", "errors", "failed_requests", "handles", "loaded", "loaded_bytes", "lost", "read_failure")
 
     def __init__(self) -> None:
         self.errors: dict[int, set[int]] = {}
         self.failed_requests: set[str] = set()
         self.damaged: list[StoreKey] = []
-        self.foreign = 0
+        self.lost: list[StoreKey] = []
+        """Damaged or absent: the values the scheduler side must stop offering (``SaveReport.lost``)."""
         self.loaded = 0
         self.loaded_bytes = 0
         self.read_failure: Exception | None = None
@@ -118,10 +119,10 @@ def _tally_failures(chunk: Chunk, results: list[ValueCheck], outcome: LoadOutcom
             continue
         failed.add(chunk.block_ids[index])
         outcome.failed_requests.add(chunk.requests[index])
+        if outcome.read_failure is None:  # a read that raised says nothing about the value
+            outcome.lost.append(chunk.keys[index])
         if result is ValueCheck.DAMAGED:
             outcome.damaged.append(chunk.keys[index])
-        elif result is ValueCheck.FOREIGN:
-            outcome.foreign += 1
 
 
 class _Reads:

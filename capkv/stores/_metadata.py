@@ -84,6 +84,9 @@ class SaveReport:
     """The KV-cache shard (``KVShard.index``) whose worker reports ``stored``, ``failed`` and ``layout``."""
     more: tuple[SaveReport, ...] = ()
     """The other shards' reports, merged in by :meth:`aggregate` (one per shard, each without ``more``)."""
+    lost: frozenset[BlockKey] = frozenset()
+    """Blocks whose value (this shard's part) a load found damaged — and deleted — or absent: the
+    scheduler side stops offering them at once, and may save them again."""
 
     def parts(self) -> tuple[SaveReport, ...]:
         """One report per shard: this one's, then ``more``."""
@@ -98,15 +101,16 @@ class SaveReport:
                 f"SaveReport.aggregate: expected another SaveReport, got {other!r}",
                 connector="SaveReport", method="aggregate", value=other,
             )
-        merged: dict[int, tuple[frozenset[BlockKey], frozenset[BlockKey], tuple[bytes, ...] | None]] = {}
+        empty = frozenset[BlockKey]()
+        merged: dict[int, tuple[frozenset[BlockKey], frozenset[BlockKey], tuple[bytes, ...] | None, frozenset[BlockKey]]] = {}
         for part in (*self.parts(), *other.parts()):
-            stored, failed, layout = merged.get(part.shard, (frozenset(), frozenset(), None))
-            merged[part.shard] = (stored | part.stored, failed | part.failed, layout or part.layout)
+            stored, failed, layout, lost = merged.get(part.shard, (empty, empty, None, empty))
+            merged[part.shard] = (stored | part.stored, failed | part.failed, layout or part.layout, lost | part.lost)
         mine, theirs = self.loaded_through, other.loaded_through
         loaded = None if mine is None or theirs is None else min(mine, theirs)  # a later report covers it
         first, *rest = (
-            SaveReport(stored - failed, failed, None, layout, shard)
-            for shard, (stored, failed, layout) in sorted(merged.items())
+            SaveReport(stored - failed, failed, None, layout, shard, lost=lost)
+            for shard, (stored, failed, layout, lost) in sorted(merged.items())
         )
         return dataclasses.replace(first, loaded_through=loaded, more=tuple(rest))
 

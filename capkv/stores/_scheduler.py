@@ -50,7 +50,10 @@ from capkv.contracts._token_requests import check_token_request
 from capkv.contracts._block_ids import check_block_groups
 from capkv.errors import ContractError, MetadataError
 
-__all__ = ["BatchedStoreIndex", "ChainAwareIndex", "EvictingIndex", "LayoutAwareIndex", "StoreIndex", "StoreScheduler"]
+__all__ = [
+    "BatchedStoreIndex", "ChainAwareIndex", "EvictingIndex", "LayoutAwareIndex", "LossAwareIndex", "StoreIndex",
+    "StoreScheduler",
+]
 
 
 @runtime_checkable
@@ -147,6 +150,16 @@ class LayoutAwareIndex(Protocol):
 
     def set_layout(self, fingerprints: tuple[bytes, ...], /, shard: int = 0) -> None:
         """Shard ``shard``'s worker's layout fingerprint per group."""
+        ...
+
+
+@runtime_checkable
+class LossAwareIndex(Protocol):
+    """An index that must hear when a load found a value damaged (the worker deleted it) or absent
+    (``SaveReport.lost``) — one that would otherwise go on offering it: the host pool's."""
+
+    def lost(self, key: BlockKey, /) -> None:
+        """``key``'s value is gone: not loadable from now on, and saveable again."""
         ...
 
 
@@ -484,6 +497,9 @@ class StoreScheduler:
             for step in [step for step in self._pinned_by_step if step <= report.loaded_through]:
                 for key in self._pinned_by_step.pop(step):
                     self._index.unpin(key)
+        if isinstance(self._index, LossAwareIndex):
+            for key in {key for part in parts for key in part.lost}:
+                self._index.lost(key)
         failed = {key for part in parts for key in part.failed}
         for key in failed:  # one shard's failure fails the block: every shard saves it again
             self._stored_by.pop(key, None)

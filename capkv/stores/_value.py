@@ -1,12 +1,19 @@
 """One stored block as one self-checking value: a 64-byte header, then the block's bytes.
 
 Every backend stores the same values, so what a backend does to them — cut
-them short, damage them, return another key's value, hold a value written by an
-engine with another memory layout under a colliding name — is caught here, once:
-the header repeats the key (group and digest), the layout fingerprint (which
-includes the worker's shard) and the payload length, and carries the payload's
-checksum (:mod:`capkv.stores._checksum`). A value is loaded only when all of
-them match.
+them short, pad them, damage any byte, return another key's value — is caught
+here, once: the header repeats the key (group and digest), the layout
+fingerprint (which includes the worker's shard and the format version) and the
+payload length, and carries the payload's checksum
+(:mod:`capkv.stores._checksum`). A value is loaded only when all of them match.
+
+The layout and the format version are in the key too (the physical key,
+:class:`~capkv.stores.StoreKey`, and so every backend's name for the value),
+so a value of another layout or format lives under another name and is never
+read for this one. A value read under this key that does not match in every
+field is therefore damaged, whichever field it is — never "someone else's": it
+is deleted (tombstoned in the file store) at its first failed load, for every
+process, and the key can be saved again.
 
 Header (little-endian): magic ``CKVB`` (4 bytes), format version (2), flags (2,
 zero), group (4), payload length (4), digest (16), layout (16), checksum (16).
@@ -31,6 +38,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "FORMAT_VERSION",
     "HEADER_SIZE",
     "LAYOUT_SIZE",
     "ValueCheck",
@@ -48,8 +56,8 @@ LAYOUT_SIZE = 16
 """Bytes of the layout fingerprint in a key and a header."""
 
 _MAGIC = b"CKVB"
-_VERSION = 2
-"""2: XXH3-128 bound to key and layout (1 had a position-weighted sum); values of version 1 are misses."""
+FORMAT_VERSION = 2
+"""The value format (in every header, and in every layout fingerprint: so in every key). 2: XXH3-128 bound to key and layout (1 had a position-weighted sum); values of version 1 are misses."""
 _HEADER = struct.Struct(f"<4sHHII{DIGEST_SIZE}s{LAYOUT_SIZE}s{CHECKSUM_SIZE}s")
 HEADER_SIZE = _HEADER.size
 """Bytes before the payload (64)."""
@@ -60,10 +68,9 @@ class ValueCheck(enum.Enum):
 
     OK = "ok"
     ABSENT = "absent"
-    FOREIGN = "foreign"
-    """Well formed, of another memory layout or format version: someone else's, left alone."""
     DAMAGED = "damaged"
-    """Truncated, padded, corrupted, another key's, or not a capkv value: nobody can use it."""
+    """Truncated, padded, corrupted in any byte (header or payload), another key's, or not a capkv value
+    of this format: nobody can use it under this key, so it is deleted."""
 
 
 class ValueHeader:
@@ -80,16 +87,16 @@ class ValueHeader:
 
 def pack_header(key: BlockKey, layout: bytes, length: int, checksum: bytes) -> bytes:
     """The header of ``key``'s value: ``length`` payload bytes with ``checksum``, gathered under ``layout``."""
-    return _HEADER.pack(_MAGIC, _VERSION, 0, key.group, length, key.digest, layout, checksum)
+    return _HEADER.pack(_MAGIC, FORMAT_VERSION, 0, key.group, length, key.digest, layout, checksum)
 
 
 def unpack_header(header: bytes | bytearray | memoryview) -> ValueHeader | None:
     """What the first :data:`HEADER_SIZE` bytes claim, or ``None`` when they are not a capkv value header
-    of this format version (``FOREIGN`` values of another version read as ``None`` too)."""
+    of this format version."""
     if len(header) < HEADER_SIZE:
         return None
     magic, version, flags, group, length, digest, layout, checksum = _HEADER.unpack_from(header)
-    if magic != _MAGIC or version != _VERSION or flags:
+    if magic != _MAGIC or version != FORMAT_VERSION or flags:
         return None
     return ValueHeader(BlockKey(group, digest), layout, length, checksum)
 
@@ -105,7 +112,7 @@ def seal_values(rows: torch.Tensor, keys: Sequence[StoreKey], checksums: Sequenc
     values: list[memoryview] = []
     for index, (key, checksum) in enumerate(zip(keys, checksums, strict=True)):
         start = index * stride
-        _HEADER.pack_into(memory, start, _MAGIC, _VERSION, 0, key.group, payload, key.digest, key.layout, checksum)
+        _HEADER.pack_into(memory, start, _MAGIC, FORMAT_VERSION, 0, key.group, payload, key.digest, key.layout, checksum)
         values.append(memory[start : start + HEADER_SIZE + payload])
     return values
 
@@ -133,22 +140,17 @@ def check_memory(
             results.append(ValueCheck.ABSENT)
             continue
         start = index * stride
-        if length < HEADER_SIZE:  # cut short, unless a (shorter) value of another format version
-            other = length >= 6 and bytes(memory[start : start + 4]) == _MAGIC and _version(memory, start) != _VERSION
-            results.append(ValueCheck.FOREIGN if other else ValueCheck.DAMAGED)
+        if length != key.nbytes:  # cut short or padded: whatever its header says
+            results.append(ValueCheck.DAMAGED)
             continue
         magic, version, flags, group, claimed, digest, layout, stored = unpack(memory, start)
         block = key.block
-        if magic != _MAGIC or version != _VERSION or flags:
-            results.append(ValueCheck.FOREIGN if magic == _MAGIC and version != _VERSION else ValueCheck.DAMAGED)
-        elif group != block.group or digest != block.digest:
-            results.append(ValueCheck.DAMAGED)  # another key's value: never this one's
-        elif layout != key.layout:
-            results.append(ValueCheck.FOREIGN)
-        elif length != key.nbytes or claimed != key.nbytes - HEADER_SIZE:
-            results.append(ValueCheck.DAMAGED)
-        elif stored != checksum(memory[start + HEADER_SIZE : start + length], block_identity(block, layout)):
-            results.append(ValueCheck.DAMAGED)
+        if (
+            magic != _MAGIC or version != FORMAT_VERSION or flags or group != block.group or digest != block.digest
+            or layout != key.layout or claimed != key.nbytes - HEADER_SIZE
+            or stored != checksum(memory[start + HEADER_SIZE : start + length], block_identity(block, layout))
+        ):
+            results.append(ValueCheck.DAMAGED)  # under this key, any mismatch is damage (the module says why)
         else:
             results.append(ValueCheck.OK)
     return results
@@ -165,6 +167,3 @@ def check_value(value: bytes | bytearray | memoryview | None, key: StoreKey) -> 
         row_memory(rows[0])[:count] = data[:count]
     return check_values(rows, [key], [None if value is None else len(memoryview(value).cast("B"))])[0]
 
-
-def _version(memory: memoryview, start: int) -> int:
-    return int.from_bytes(memory[start + 4 : start + 6], "little")

@@ -5,9 +5,10 @@ the backend chunk by chunk into reused host rows (straight into them when the
 backend can, see :class:`~capkv.stores._backend.ReadsInto`), checked while hot
 (the value must be this key's, of this layout and shard, whole, with a matching
 checksum) and scattered into the engine's blocks (:mod:`capkv.stores._loading`);
-the engine's stream is ordered after them before any layer computes. A damaged value is deleted from
-the backend (nobody can use it) and, like a missing one, is a load error of its
-group; a value of another layout or format is left alone.
+the engine's stream is ordered after them before any layer computes. A damaged value (any byte of
+it: layout and format version are in its key, so nothing under this key is anyone else's) is deleted
+from the backend and, like a missing one, is a load error of its group; both are reported lost
+(``SaveReport.lost``), so the scheduler side stops offering them and may save the key again.
 
 Saves gather the engine's blocks into host rows (header space first) and hand
 them to the :class:`~capkv.stores._writer.Writer`, which seals and puts them.
@@ -25,7 +26,6 @@ side in the worker metadata (:class:`~capkv.stores._metadata.SaveReport`).
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, cast
@@ -35,11 +35,11 @@ from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.stores._backend import Backend, StoreKey
 from capkv.stores._checksum import block_identity, payload_checksums
-from capkv.stores._keys import BlockKey
+from capkv.stores._keys import BlockKey, framed_digest
 from capkv.stores._loading import load_chunks, plan_chunks
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
 from capkv.stores._staging import RowCache, StagingRing
-from capkv.stores._value import HEADER_SIZE, LAYOUT_SIZE
+from capkv.stores._value import FORMAT_VERSION, HEADER_SIZE, LAYOUT_SIZE
 from capkv.stores._writer import DEFAULT_BATCH_BYTES, SaveJob, Writer
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
@@ -54,13 +54,12 @@ __all__ = ["StoreWorker", "layout_fingerprints", "raise_failures"]
 def layout_fingerprints(spec: KVSpec, copier: capkv.transfer._copier.BlockCopier) -> tuple[bytes, ...]:
     """Per group, what fixes the meaning of a stored block's bytes: the dtype, the order and sizes of
     the block's runs in the registered KV cache, and which shard of the model's KV cache they are
-    (tensor- and pipeline-parallel rank and size: ``spec.shard``)."""
+    (tensor- and pipeline-parallel rank and size: ``spec.shard``) — and the value format version, so
+    values of another layout or format are other keys (capkv/stores/_keys.py says the encoding)."""
     shard = spec.shard
     where = (shard.tp_rank, shard.tp_size, shard.pp_rank, shard.pp_size)
     return tuple(
-        hashlib.blake2b(
-            repr(("capkv.layout.v2", str(spec.dtype), group.signature, where)).encode(), digest_size=LAYOUT_SIZE
-        ).digest()
+        framed_digest(("capkv.layout.v3", FORMAT_VERSION, str(spec.dtype), group.signature, where), size=LAYOUT_SIZE)
         for group in copier.layout.groups
     )
 
@@ -129,8 +128,8 @@ class StoreWorker:
         self._closed = False
         self.damaged_values: int = 0
         """Values that failed their checks at load time (deleted from the backend)."""
-        self.foreign_values: int = 0
-        """Values of another layout or format version found under this layout's keys (left alone)."""
+        self._lost: set[BlockKey] = set()
+        """Values a load found damaged or absent, not yet reported (``SaveReport.lost``)."""
 
     # ---- the KV cache ----------------------------------------------------------------------
 
@@ -215,7 +214,7 @@ class StoreWorker:
             if outcome.read_failure is not None:
                 self._read_failures.append(outcome.read_failure)
             self.damaged_values += len(outcome.damaged)
-            self.foreign_values += outcome.foreign
+            self._lost.update(key.block for key in outcome.lost)
             self._counts["loaded_blocks"] += outcome.loaded
             self._counts["loaded_bytes"] += outcome.loaded_bytes
             self._counts["failed_blocks"] += sum(len(failed) for failed in outcome.errors.values())
@@ -319,13 +318,14 @@ class StoreWorker:
         """The saves that ended since the last call, stored or failed, and the last step whose loads
         ran (``None`` when there is no news)."""
         self._settle(wait=False)
-        if not self._stored and not self._failed and self._loaded_through is None and self._layout_news is None:
+        if not (self._stored or self._failed or self._lost) and self._loaded_through is None and self._layout_news is None:
             return None
         report = SaveReport(
             frozenset(self._stored), frozenset(self._failed), self._loaded_through, self._layout_news,
-            self._spec.shard.index,
+            self._spec.shard.index, lost=frozenset(self._lost),
         )
         self._stored, self._failed, self._loaded_through, self._layout_news = set(), set(), None, None
+        self._lost = set()
         return report
 
     def _settle(self, *, wait: bool) -> None:

@@ -78,7 +78,7 @@ class GroupRuns:
         return sum(len(layer.run_offsets) for layer in self.layers)
 
     @property
-    def signature(self) -> tuple[object, ...]:
+    def signature(self) -> tuple[tuple[int, tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]], ...]:
         """What fixes the meaning of a block's bytes: each layer's run order and sizes (not its address)."""
         return tuple((layer.run_nbytes, layer.inner_dims, layer.outer_dims) for layer in self.layers)
 

@@ -13,7 +13,7 @@ from capkv.stores import StoreKey
 from capkv.stores._checksum import CHECKSUM_SIZE
 from capkv.stores._value import HEADER_SIZE, ValueCheck, check_value, pack_header
 from tests.connectors.conftest import tokens
-from tests.connectors.engine import MiniEngine
+from tests.connectors.engine import MiniEngine, Req
 from tests.paged import Group, make_spec
 from tests.redis.servers import RedisServer, needs_redis
 
@@ -211,18 +211,30 @@ def test_a_truncated_value_is_a_miss_at_lookup(redis_server: RedisServer) -> Non
     assert len(run.loaded[0]) == 3
 
 
-def test_another_layouts_value_is_never_loaded_and_left_alone(redis_server: RedisServer) -> None:
+def test_a_value_claiming_another_layout_under_this_name_is_deleted_and_saved_again(redis_server: RedisServer) -> None:
+    """The layout is in the name, so a value there that claims another is damage: one failed load, then
+    every engine misses it, and the engine that recomputed it saves it again."""
     stored(redis_server)
     engine = MiniEngine(make_spec(WINDOWED, num_blocks=64), connector(redis_server), seed=3)
+    other = MiniEngine(make_spec(WINDOWED, num_blocks=64), connector(redis_server), seed=4)
     key = _keys(engine, PROMPT, group=0)[0]
     name = engine.connector.key_name(key)
     payload = b"\x07" * (redis_server_strlen(redis_server, name) - HEADER_SIZE)
-    foreign = pack_header(key, b"F" * 16, len(payload), bytes(16)) + payload
-    _set(redis_server, name, foreign)
-    run = engine.run("foreign", PROMPT + [1])
+    claimed = pack_header(key, b"F" * 16, len(payload), bytes(16)) + payload
+    _set(redis_server, name, claimed)
+    other.step()  # its scheduler side learns the layout from its worker's first report
+    assert other.connector.get_num_new_matched_tokens(Req("before", PROMPT + [2]), 0)[0] == 96  # offered: STRLEN fits
+    run = engine.run("claimed", PROMPT + [1], finish=False)
     assert run.hit_tokens == 96 and run.load_errors == {0: {run.blocks[0][0]}}
-    assert engine.connector._store.foreign_values == 1
-    assert redis_server_strlen(redis_server, name) == len(foreign)  # someone else's: not deleted
+    assert engine.connector._store.damaged_values == 1
+    assert redis_server_strlen(redis_server, name) == 0  # deleted, for every engine
+    offered, _ = other.connector.get_num_new_matched_tokens(Req("probe", PROMPT + [2]), 0)
+    assert offered == 0
+    engine.finish(run)
+    engine.step()
+    engine.connector.flush()
+    again = other.run("again", PROMPT + [3])
+    assert again.hit_tokens == 96 and again.load_errors == {}  # saved again, whole
 
 
 def test_close_stops_the_writer_and_is_idempotent(redis_server: RedisServer) -> None:

@@ -5,13 +5,18 @@ namespace, model layout, memory layout, group, cache salt, adapter, a
 multimodal item, a prompt embedding, the worker's shard — block ``i`` of the
 one and block ``i`` of the other share a physical key exactly when the change
 does not reach block ``i`` (a token, an item or an embedding after the block's
-end does not; everything else does); identical requests share every key.
+end does not; everything else does); identical requests share every key. And
+the same bytes split at another point — between two positions' embeddings, two
+multimodal identifiers, the namespace and the salt, the salt and the adapter —
+are another key: every part is length-framed (``frame``, which a decoder here
+reads back one way only).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -20,13 +25,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from capkv import ArgumentError, CapkvError, ContractError, KeyInputs, KVShard, KVSpec, MultimodalItem
 from capkv.contracts._key_inputs import request_key_inputs
 from capkv.stores import StoreKey
-from capkv.stores._keys import PrefixHasher, RequestKeys
+from capkv.stores._keys import PrefixHasher, RequestKeys, frame, framed_digest
 from capkv.stores._value import HEADER_SIZE
 from capkv.stores._worker import layout_fingerprints
 from capkv.testing import make_request
@@ -243,3 +248,121 @@ def test_a_request_whose_key_inputs_are_not_key_inputs_is_a_contract_error_namin
         connector.get_num_new_matched_tokens(Odd("odd", list(range(40)), {"cache_salt": "a"}), 0)
     assert caught.value.connector == "StoreConnector" and caught.value.method == "get_num_new_matched_tokens"
     assert "'odd'" in str(caught.value)
+
+
+# ---- injective by construction ------------------------------------------------------------------
+
+def unframe(data: bytes) -> object:
+    """The one value whose :func:`frame` is ``data`` (a decoder: that it exists and reads every framed
+    value back is what makes the encoding injective). Sequences come back as tuples."""
+    value, end = _unframe(data, 0)
+    assert end == len(data), "trailing bytes: the framing does not say where a value ends"
+    return value
+
+
+def _unframe(data: bytes, at: int) -> tuple[object, int]:
+    tag, at = data[at : at + 1], at + 1
+    if tag == b"N":
+        return None, at
+    if tag == b"I":
+        return struct.unpack_from("<q", data, at)[0], at + 8
+    (length,) = struct.unpack_from("<Q", data, at)
+    at += 8
+    if tag == b"S":
+        return data[at : at + length].decode(), at + length
+    if tag == b"B":
+        return data[at : at + length], at + length
+    assert tag == b"T", tag
+    items: list[object] = []
+    for _ in range(length):
+        item, at = _unframe(data, at)
+        items.append(item)
+    return tuple(items), at
+
+
+framed = st.recursive(
+    st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8) | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=4).map(tuple) | st.lists(inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _tuples(value: object) -> object:
+    return tuple(_tuples(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+
+@settings(max_examples=500, deadline=None)
+@given(framed, framed)
+def test_the_key_encoding_reads_back_one_way_only(a: object, b: object) -> None:
+    assert unframe(frame(a)) == _tuples(a)  # a left inverse: frame is injective (up to list == tuple)
+    assert (frame(a) == frame(b)) == (_tuples(a) == _tuples(b))
+    assert (framed_digest(a) == framed_digest(b)) == (_tuples(a) == _tuples(b))
+
+
+def test_what_is_not_a_key_part_is_refused() -> None:
+    for bad in (True, 1.5, {"a": 1}, (b"x", object())):
+        with pytest.raises(CapkvError):  # an ArgumentError (in dev mode the type contract may say it first)
+            frame(bad)  # type: ignore[arg-type]
+
+
+def test_embeddings_split_elsewhere_are_other_keys() -> None:
+    """The defect this encoding fixes: per-position digests were joined unframed, so (ab, c) was (a, bc)."""
+    tokens = tuple(range(PROMPT_LEN))
+    one = physical_keys(Components(tokens, embeds=(b"ab", b"c")))
+    other = physical_keys(Components(tokens, embeds=(b"a", b"bc")))
+    assert not set(one) & set(other)
+
+
+def _split(whole: str | bytes, cuts: list[int]) -> list[str | bytes]:
+    bounds = [0, *cuts, len(whole)]
+    return [whole[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+@st.composite
+def resplit(draw: st.DrawFn) -> tuple[Components, Components, str, int]:
+    """A base request, and one whose variable-length inputs hold the same bytes split at another point:
+    within one component (the embeddings of neighbouring positions, two multimodal identifiers) or
+    across two (namespace and salt, salt and adapter)."""
+    tokens = tuple(draw(st.lists(st.integers(0, 50_000), min_size=PROMPT_LEN, max_size=PROMPT_LEN)))
+    base = Components(tokens, group=draw(st.sampled_from([0, 1])), shard=draw(st.sampled_from(SHARDS)))
+    where = draw(st.sampled_from(["embeds", "multimodal", "namespace|salt", "salt|adapter", "adapter|namespace"]))
+    if where == "embeds":
+        count = draw(st.integers(2, PROMPT_LEN))
+        whole = draw(st.binary(min_size=count + 1, max_size=count + 6))
+        cuts = sorted(draw(st.lists(st.integers(1, len(whole) - 1), min_size=count - 1, max_size=count - 1, unique=True)))
+        others = sorted(draw(st.lists(st.integers(1, len(whole) - 1), min_size=count - 1, max_size=count - 1, unique=True)))
+        assume(cuts != others)
+        mine, theirs = _split(whole, cuts), _split(whole, others)
+        first = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+        return (dataclasses.replace(base, embeds=tuple(mine)),  # type: ignore[arg-type]
+                dataclasses.replace(base, embeds=tuple(theirs)), "embeds", first)  # type: ignore[arg-type]
+    if where == "multimodal":
+        offset = draw(st.integers(0, PROMPT_LEN - 8))
+        whole = draw(st.text(min_size=3, max_size=10))
+        cut, other = draw(st.integers(1, len(whole) - 1)), draw(st.integers(1, len(whole) - 1))
+        assume(cut != other)
+        def items(at: int) -> tuple[MultimodalItem, ...]:
+            return (MultimodalItem(whole[:at], offset, 4), MultimodalItem(whole[at:], offset + 4, 4))
+        return (dataclasses.replace(base, multimodal=items(cut)), dataclasses.replace(base, multimodal=items(other)),
+                "multimodal", offset)
+    first_field, second_field = where.split("|")
+    whole = draw(st.text(min_size=1, max_size=10))
+    cut, other = draw(st.integers(0, len(whole))), draw(st.integers(0, len(whole)))
+    assume(cut != other)
+    def fields(at: int) -> dict[str, str | None]:
+        values = {first_field: whole[:at], second_field: whole[at:]}
+        return {name: (value or (None if name != "namespace" else "")) for name, value in values.items()}
+    return (dataclasses.replace(base, **fields(cut)), dataclasses.replace(base, **fields(other)),  # type: ignore[arg-type]
+            where, 0)
+
+
+@settings(max_examples=500, deadline=None)
+@given(resplit())
+def test_the_same_bytes_split_at_another_point_never_share_a_key(case: tuple[Components, Components, str, int]) -> None:
+    base, variant, change, position = case
+    mine, theirs = physical_keys(base), physical_keys(variant)
+    assert mine == physical_keys(dataclasses.replace(base))
+    expected = reach(base, change, position)
+    assert [a != b for a, b in zip(mine, theirs, strict=True)] == expected, (change, position)
+    reached = {key for key, changed in zip(mine, expected, strict=True) if changed}
+    assert not reached & set(theirs)
