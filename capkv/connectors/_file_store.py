@@ -13,8 +13,8 @@ catalog for how processes share the directory).
 
 A pack that is gone is a miss; any other read error (out of file descriptors,
 an I/O error, no permission) is this step's miss and keeps the file. A value
-the store's checks find damaged is deleted: a tombstone for its record (the
-pack's other records stay). A write that fails is reported once — raised by
+the store's checks find damaged (any byte of it) is deleted: a tombstone for its
+record (the pack's other records stay), which every process's next lookup sees. A write that fails is reported once — raised by
 ``flush``/``close`` and counted in ``failed_save_blocks``.
 """
 
@@ -83,7 +83,10 @@ class FileBackend:
     def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
         """Per key, whether a whole value is stored. What it finds stays leased — no process evicts it —
         until the next ``contains``: the scheduler asks, then pins what it plans to load, then asks again,
-        so a block it was offered cannot vanish before its load is pinned."""
+        so a block it was offered cannot vanish before its load is pinned. It first reads what other
+        processes changed (the journal: one ``fstat`` when nothing did), so a record another process
+        found damaged and tombstoned is a miss here from then on, not a load that fails again."""
+        self.catalog.catch_up()
         offered, self._offered = self._offered, []
         answers: list[bool] = []
         for key in keys:
