@@ -1,4 +1,4 @@
-"""Runs vLLM 0.32.0's own connector tests (put in place, unchanged, by ``fetch.py``) against capkv's drop-in.
+"""Runs the installed vLLM release's own connector tests (put in place, unchanged, by ``fetch.py``) against capkv's drop-in.
 
 This file is capkv's, not vLLM's (see ``README.md`` here). Before vLLM's test
 modules are imported it
@@ -28,19 +28,27 @@ from pathlib import Path
 
 import pytest
 
-from tests.v1.fetch import missing
+from tests.v1.fetch import installed_release, missing
 from tests.vllm.requirement import VLLM_ERROR  # noqa: E402  # after the environment above is set
 
 AGAINST = os.environ.get("CAPKV_VLLM_MULTI", "capkv")
 if AGAINST not in ("capkv", "vllm"):
     raise RuntimeError(f"CAPKV_VLLM_MULTI must be 'capkv' or 'vllm', got {AGAINST!r}")
 
-MISSING = missing()
-"""vLLM's test files not in place (or not vLLM 0.32.0's bytes)."""
+
+def _missing() -> list[str]:
+    try:
+        return missing(installed_release())
+    except SystemExit as exc:  # a vLLM release tests/v1 does not know
+        return [str(exc)]
+
+
+MISSING = _missing() if VLLM_ERROR is None else []
+"""The installed release's test files not in place (or not that release's bytes)."""
 if MISSING and VLLM_ERROR is None and os.environ.get("CAPKV_REQUIRE_VLLM") == "1":
     raise RuntimeError(f"CAPKV_REQUIRE_VLLM=1 but vLLM's tests are not in place ({MISSING}): run python -m tests.v1.fetch")
 
-collect_ignore = ["kv_connector", "fetch.py"] if VLLM_ERROR is not None or MISSING else ["fetch.py"]
+collect_ignore = ["fetch.py", "wheel_env.py"] + (["kv_connector"] if VLLM_ERROR is not None or MISSING else [])
 
 
 def pytest_report_header() -> str:
@@ -48,7 +56,8 @@ def pytest_report_header() -> str:
         return f"tests/v1 (vLLM's own tests): not collected, vLLM is not installed ({VLLM_ERROR})"
     if MISSING:
         return f"tests/v1 (vLLM's own tests): not collected, not in place ({MISSING}): python -m tests.v1.fetch"
-    return f"tests/v1 (vLLM's own tests): MultiConnector is {'vLLM' if AGAINST == 'vllm' else 'capkv'}'s"
+    release = installed_release().version
+    return f"tests/v1 (vLLM {release}'s own tests): MultiConnector is {'vLLM' if AGAINST == 'vllm' else 'capkv'}'s"
 
 
 def _standins() -> None:

@@ -4,7 +4,10 @@ import torch
 
 class KVCacheSpec:
     block_size: int
-    def __init__(self, block_size: int, *, dcp_sharded: bool = False, block_stride_alignment: Any = None) -> None: ...
+    is_draft: bool  # vLLM 0.33 (a drafter's layers); absent on 0.32: read it with getattr(spec, "is_draft", False)
+    def __init__(
+        self, block_size: int, *, dcp_sharded: bool = False, block_stride_alignment: Any = None, is_draft: bool = False
+    ) -> None: ...
 
 class AttentionSpec(KVCacheSpec):
     num_kv_heads: int
@@ -16,6 +19,7 @@ class AttentionSpec(KVCacheSpec):
         *,
         dcp_sharded: bool = True,
         block_stride_alignment: Any = None,
+        is_draft: bool = False,
         max_tp_shards: int | None = None,
         num_kv_heads: int,
         head_size: int,
@@ -36,6 +40,7 @@ class FullAttentionSpec(AttentionSpec):
         *,
         dcp_sharded: bool = True,
         block_stride_alignment: Any = None,
+        is_draft: bool = False,
         max_tp_shards: int | None = None,
         num_kv_heads: int,
         head_size: int,
@@ -59,6 +64,7 @@ class SlidingWindowSpec(AttentionSpec):
         *,
         dcp_sharded: bool = True,
         block_stride_alignment: Any = None,
+        is_draft: bool = False,
         max_tp_shards: int | None = None,
         num_kv_heads: int,
         head_size: int,

@@ -10,7 +10,8 @@ class SchedulerOutput:
     finished_req_ids: set[str]
     preempted_req_ids: set[str] | None
     kv_connector_metadata: KVConnectorMetadata | None
-    # Built by vLLM's scheduler; its many other fields are opaque here.
+    # Built by vLLM's scheduler; its many other fields are opaque here. Past the first eight, every
+    # parameter is keyword-only here: vLLM 0.33 put encoder_input_updates ninth (positions moved).
     def __init__(
         self,
         scheduled_new_reqs: Any,
@@ -21,6 +22,8 @@ class SchedulerOutput:
         scheduled_encoder_inputs: Any,
         finished_req_ids: Any,
         free_encoder_mm_hashes: Any,
+        *,
+        encoder_input_updates: Any = ...,  # vLLM 0.33
         scheduled_encoder_input_stats: Any = None,
         preempted_req_ids: Any = None,
         has_structured_output_requests: Any = False,
@@ -36,4 +39,5 @@ class SchedulerOutput:
         kv_connector_block_state: Any = None,
         num_spec_tokens_to_schedule: Any = 0,
         num_common_prefix_blocks: Any = ...,
+        skip_drafts: bool = False,  # vLLM 0.33
     ) -> None: ...
