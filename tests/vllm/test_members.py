@@ -18,6 +18,8 @@ pytest.importorskip("vllm", reason="vllm is not installed (the `vllm` tox enviro
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1  # noqa: E402
 
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector  # noqa: E402
+
 from capkv.adapters.vllm import _members  # noqa: E402
 from capkv.vllm import CapkvConnector, CapkvHMAConnector, MultiConnector  # noqa: E402
 
@@ -98,7 +100,7 @@ def _sleepy_transfer(host: str, *leaves: dict[str, Any]) -> KVTransferConfig:
                             kv_connector_extra_config={"stack": stack})
 
 
-class Insomniac(KVConnectorBase_V1):
+class Insomniac(ExampleConnector):
     """A vLLM connector that cannot sleep (as 0.33's MooncakeStoreConnector answers)."""
 
     @classmethod
@@ -106,7 +108,7 @@ class Insomniac(KVConnectorBase_V1):
         return False
 
 
-class Sleeper(KVConnectorBase_V1):
+class Sleeper(ExampleConnector):
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: KVTransferConfig) -> bool:
         return True

@@ -9,7 +9,7 @@ stack is bound (``CapkvConnector._bind_stack``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from capkv.adapters.vllm._stack import load_hosted
 from capkv.adapters.vllm._translate import HostMetadata
@@ -19,12 +19,11 @@ from capkv.contracts._connector import KVConnector
 from capkv.contracts._spec import KVSpec
 from capkv.errors import MetadataError
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
-    from capkv.adapters.vllm._contain import Contained
-    from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker, Settled
-    from capkv.config._loader import ConfiguredNode
+from capkv.adapters.vllm._contain import Contained
+from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker, Settled
+from capkv.config._loader import ConfiguredNode  # at run time: dev mode's beartype resolves the hints
 
 __all__ = ["HostState"]
 
