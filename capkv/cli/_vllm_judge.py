@@ -1,4 +1,4 @@
-"""What vLLM 0.32 does with a ``kv_transfer_config``, decided from classes: HMA on, HMA off, or refused.
+"""What vLLM (0.32, 0.33) does with a ``kv_transfer_config``, decided from classes: HMA on, HMA off, or refused.
 
 vLLM decides its hybrid KV-cache allocator (HMA) when it builds its configuration,
 with ``disable_hybrid_kv_cache_manager`` left to it: a connector class that derives

