@@ -107,6 +107,8 @@ class Kid(HMA):
         self.saves: list[str] = []
         self.accepted: dict[str, int] = {}  # request id -> saves accepted and not reported
         self.recv_next: set[str] = set()
+        self.strays_next: set[str] = set()
+        """Receives of loads the child does not owe (repeats, strays), shipped with the next ``get_finished``."""
         self.send_next: set[str] = set()
         self.errors_next: set[int] = set()
         self.ever: set[str] = set()
@@ -143,6 +145,8 @@ class Kid(HMA):
             if self.load_async:
                 self.in_flight.append(load)
                 self.owed.append(load)
+                # a stray not yet shipped would now read as this load's completion: the undecidable case
+                self.strays_next.discard(load.live.req.request_id)
             else:
                 self.world.land(load, self.errors_next)
 
@@ -157,8 +161,8 @@ class Kid(HMA):
         self.send_next.add(request_id)
 
     def get_finished(self, finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
-        sending, recving = self.send_next, self.recv_next
-        self.send_next, self.recv_next = set(), set()
+        sending, recving = self.send_next, self.recv_next | self.strays_next
+        self.send_next, self.recv_next, self.strays_next = set(), set(), set()
         for request_id in sending:
             if self.accepted.get(request_id):
                 self.accepted[request_id] -= 1
@@ -405,7 +409,7 @@ class Model(RuleBasedStateMachine):
             kid.send_next.add(pick)
         elif not send and not any(load.live.req.request_id == pick for load in kid.owed if not load.reported) \
                 and not any(load.live.req.request_id == pick for load in kid.unshipped):
-            kid.recv_next.add(pick)
+            kid.strays_next.add(pick)
 
     @invariant()
     def no_child_handed_an_unfilled_block(self) -> None:

@@ -24,7 +24,7 @@ def test_key_names_carry_namespace_layout_group_digest() -> None:
     name = RedisKeys("llama-3")(_key(b"\x02" * 16))
     namespace, rest = name.decode().split(":", 2)[1:]
     layout, group, digest = rest.split(":")
-    assert namespace == "llama-3" and layout == "02" * 8 and group == "g1" and digest == KEY.digest.hex()
+    assert namespace == "llama-3" and layout == "02" * 16 and group == "g1" and digest == KEY.digest.hex()
     assert RedisKeys("llama-3")(_key(b"\x03" * 16)) != name  # another memory layout (or shard)
     assert RedisKeys("other")(_key(b"\x02" * 16)) != name
 

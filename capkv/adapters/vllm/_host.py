@@ -84,7 +84,7 @@ class CapkvConnector(ClassLevelMembers, WorkerMembers, StatsMembers):
         read_vllm_requests()  # stores key blocks by a request's salt, adapter, images and embeddings too
         groups = len(kv_cache_config.kv_cache_groups)
         shard = engine_shard(vllm_config.parallel_config, role, owner=host)
-        self.spec = engine_spec(kv_cache_config, owner=host, shard=shard) if groups else None
+        self.spec: KVSpec | None = engine_spec(kv_cache_config, owner=host, shard=shard) if groups else None
         built = self._build(configured, Engine(vllm_config, role, kv_cache_config, self.spec, self.INHERIT_ROLE))
         with closed_on_error([built]):  # a stack refused here leaves no writer thread behind
             self._check_built(built)  # the built children have the last word
@@ -120,7 +120,7 @@ class CapkvConnector(ClassLevelMembers, WorkerMembers, StatsMembers):
         spec: KVSpec | None = getattr(self, "spec", None)
         stack = cast("KVConnector", built)
         self._built = built
-        self.stack = stack if spec is None else instrument(stack, spec)
+        self.stack: KVConnector = stack if spec is None else instrument(stack, spec)
         self._composite = isinstance(built, StackNode)
         self._vllm_children = vllm_connectors(built)
         """vLLM's connectors in the stack: the calls capkv's contract has no member for go to them."""
