@@ -20,6 +20,8 @@ import enum
 import inspect
 from typing import Any, Final, Literal
 
+from capkv.capabilities._table import SLEEP_MODE
+
 __all__ = [
     "FINISHED_COUNT",
     "LAYOUT",
@@ -43,8 +45,6 @@ FINISHED_COUNT: Final = "get_finished_count"
 
 SleepFact = Literal["supports_sleep_mode"]
 """The sleep-mode fact (asked at configuration time by vLLM releases that have it, not shown by ``capkv check``'s tree)."""
-
-SLEEP_MODE: Final = "supports_sleep_mode"
 
 STATIC_FACTS: tuple[StaticFact, ...] = (LAYOUT, PIECEWISE, FINISHED_COUNT)
 """The facts, in the order ``capkv check`` shows them."""

@@ -68,7 +68,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from capkv._homes import publish
 from capkv.contracts._arguments import argument_error
@@ -129,8 +129,9 @@ def _encode(value: object, write: Callable[[bytes], object]) -> None:
         write(b"B" + _LENGTH.pack(len(value)))
         write(value)
     elif isinstance(value, (tuple, list)):
-        write(b"T" + _LENGTH.pack(len(value)))
-        for item in value:
+        items = cast("Sequence[object]", value)
+        write(b"T" + _LENGTH.pack(len(items)))
+        for item in items:
             _encode(item, write)
     else:
         raise argument_error("frame", "value", value, "a key part: None, an int, str or bytes, or a tuple or list of them")
