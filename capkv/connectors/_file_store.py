@@ -62,6 +62,10 @@ class FileBackend:
     """A store directory's pack files as a backend: batched reads straight into buffers, pins, one
     pack per put."""
 
+    slow: bool = True
+    """Reads go to a disk: the store loads in the background (``load_async``); set ``False`` on an
+    instance to load in the engine's step (a RAM disk, say)."""
+
     def __init__(self, catalog: PackCatalog, *, owner: str, write: PackWriter = write_pack) -> None:
         self.catalog: PackCatalog = catalog
         self._root = catalog.root

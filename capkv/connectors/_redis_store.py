@@ -58,6 +58,9 @@ class RedisKeys:
 class RedisBackend:
     """Redis (a server or a cluster) as a backend: every call one pipeline per server, bounded."""
 
+    slow: bool = True
+    """Reads cross a network: the store loads in the background (``load_async``)."""
+
     def __init__(self, kv: RedisKV, *, namespace: str) -> None:
         self.kv: RedisKV = kv
         self.names: RedisKeys = RedisKeys(namespace)

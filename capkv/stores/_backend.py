@@ -17,9 +17,15 @@ returns bytes — and says only what it is sure of:
 
 Errors a backend *raises* are not misses: the shared layer fails the batch
 (each block once: a load error or a failed save) and raises them from
-``flush``/``close``. Calls come from two threads — the engine's (``contains``,
-``get``, ``delete``) and the store's writer (``put``, ``delete``) — so a
-backend must be safe to call from both.
+``flush``/``close``. Calls come from up to three threads — the engine's
+(``contains``, ``get``, ``delete``), the store's writer (``put``, ``delete``)
+and, for a slow backend, the store's reader (``get``) — so a backend must be
+safe to call from all of them.
+
+A backend whose reads take long (a disk, a network) says so with a class or
+instance attribute ``slow = True`` (:func:`reads_slowly`): the store then
+answers its hits with ``load_async=True`` and reads them on its reader thread,
+so the engine's steps go on while the bytes arrive.
 """
 
 from __future__ import annotations
@@ -114,6 +120,12 @@ class PinningBackend(Protocol):
         ...
 
     def unpin(self, keys: Sequence[StoreKey], /) -> None: ...
+
+
+def reads_slowly(backend: object) -> bool:
+    """Whether ``backend`` declares its reads slow (``slow = True``): only ``True`` itself counts, so
+    a backend that says nothing, or something else, keeps the synchronous loads."""
+    return getattr(backend, "slow", False) is True
 
 
 publish(__name__)

@@ -10,8 +10,9 @@ prefix every group can load; ``update_state_after_alloc`` plans the load into
 the allocated blocks; ``build_connector_meta`` ships the plan, and plans the
 saves of every block the step will fill (read from the scheduler output, see
 :mod:`capkv.stores._step`); ``start_load_kv`` loads (synchronously on CPU,
-stream-ordered on CUDA: the load is never asynchronous to the engine) and
-starts saves planned by ``request_finished_all_groups``; ``wait_for_save``
+stream-ordered on CUDA; a slow backend's loads go to the reader thread instead,
+answered ``load_async=True`` and reported in ``get_finished``, see
+:mod:`capkv.stores._reader`) and starts saves planned by ``request_finished_all_groups``; ``wait_for_save``
 starts the saves of the blocks the forward pass just filled (the engine's
 stream is ordered after those copies, so it may free and reuse the blocks);
 ``get_finished`` reports a finished request once its saves completed, after
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import Self
 
 from capkv._homes import publish
+from capkv.stores._backend import reads_slowly
 from capkv.stores._keys import PrefixHasher
 from capkv.stores._metadata import SaveReport, StoreMetadata
 from capkv.stores._scheduler import StoreIndex, StoreScheduler
@@ -96,7 +98,10 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
 
     def __init__(self, spec: KVSpec, index: StoreIndex, worker: StoreWorker, *, namespace: str) -> None:
         self.spec = spec
-        self._scheduler = StoreScheduler(spec, index, PrefixHasher(spec, namespace, owner=self._name), owner=self._name)
+        self._scheduler = StoreScheduler(
+            spec, index, PrefixHasher(spec, namespace, owner=self._name), owner=self._name,
+            load_async=reads_slowly(worker.backend),
+        )
         self._worker = worker
 
     @property
@@ -106,8 +111,10 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
     # ---- scheduler side ------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: ComputedTokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
-        """Tokens every group can load beyond ``num_computed_tokens``; loads are never asynchronous."""
-        return self._scheduler.matched_tokens(request, num_computed_tokens), False
+        """Tokens every group can load beyond ``num_computed_tokens``; asynchronous (``True``) when the
+        backend declares its reads slow and there is a hit."""
+        tokens = self._scheduler.matched_tokens(request, num_computed_tokens)
+        return tokens, self._scheduler.load_async and tokens > 0
 
     def update_state_after_alloc(self, request: ComputedTokenRequest, blocks: BlockIds, num_external_tokens: int, /) -> None:
         self._scheduler.allocated(request, blocks, num_external_tokens)
@@ -178,7 +185,8 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
         self._worker.save(metadata)
 
     def wait_for_layer_load(self, layer_name: str, /) -> None:
-        """Nothing to wait for: ``start_load_kv`` already ordered the engine after every load."""
+        """Nothing to wait for: ``start_load_kv`` ordered the engine after every synchronous load, and
+        asynchronous ones are for requests the engine does not compute until they are received."""
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
@@ -193,7 +201,7 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
             self._worker.save_computed(metadata)
 
     def get_finished(self, finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
-        return self._worker.finished(), None
+        return self._worker.finished(), self._worker.received()
 
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         return self._worker.take_load_errors()

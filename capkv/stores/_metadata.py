@@ -54,6 +54,10 @@ class StoreMetadata:
     evicted: tuple[BlockKey, ...] = ()
     """Blocks the scheduler side evicted to make room (a store whose contents it decides, the host
     pool): deleted before this step's saves are written."""
+    receiving: tuple[str, ...] = ()
+    """Requests whose loads this step are asynchronous (answered ``load_async=True``): read on the
+    worker's reader thread and reported in ``get_finished``'s receiving set once over — each of them,
+    even one with nothing left to read (every block unavailable)."""
 
 
 @dataclass(frozen=True)

@@ -176,8 +176,15 @@ class EvictingIndex(Protocol):
 class StoreScheduler:
     """Hit lookup, load and save planning for every KV-cache group of one spec."""
 
-    def __init__(self, spec: KVSpec, index: StoreIndex, hasher: PrefixHasher, *, owner: str) -> None:
+    def __init__(
+        self, spec: KVSpec, index: StoreIndex, hasher: PrefixHasher, *, owner: str, load_async: bool = False
+    ) -> None:
         self._owner = owner
+        self.load_async = load_async
+        """Whether hits are loaded asynchronously (a slow backend: :mod:`capkv.stores._reader`)."""
+        self._receiving: dict[str, None] = {}
+        """Requests whose asynchronous load was planned and not reported received (``finished_recving``)."""
+        self._receiving_now: list[str] = []
         self._spec = spec
         self._index = index
         self._batched = index if isinstance(index, BatchedStoreIndex) else None
@@ -251,6 +258,9 @@ class StoreScheduler:
             live.foreign = []
         if accepted is None:
             return
+        if self.load_async:
+            self._receiving[request.request_id] = None
+            self._receiving_now.append(request.request_id)
         start, end = accepted
         for group, geometry in enumerate(self._geometry):
             ids = blocks[group]
@@ -326,6 +336,10 @@ class StoreScheduler:
         request_id = request.request_id
         self._offers.pop(request_id, None)
         live = self._live.pop(request_id, None)
+        if request_id in self._receiving:  # its load may still be writing: the engine holds the blocks until
+            del self._receiving[request_id]  # it is received; nothing of it is saved (the engine frees once)
+            self._keys.pop(request_id, None)
+            return False
         keys = self._keys.pop(request_id, None) or (live.keys if live is not None else None)
         if keys is None:
             keys = RequestKeys(self._hasher, request.all_token_ids, request_key_inputs(request, connector=self._owner, method=method))
@@ -455,8 +469,9 @@ class StoreScheduler:
         evicted = tuple(self._index.take_evicted()) if isinstance(self._index, EvictingIndex) else ()
         metadata = StoreMetadata(
             tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step, tuple(self._step_saves),
-            evicted,
+            evicted, tuple(self._receiving_now),
         )
+        self._receiving_now = []
         if self._pinned:
             self._pinned_by_step[self._step] = self._pinned
         self._loads, self._saves, self._unavailable, self._pinned = [], [], [], []
@@ -476,6 +491,8 @@ class StoreScheduler:
                 f"{self._owner}.{method}: expected a KVConnectorOutput (with worker_meta), got {connector_output!r}",
                 connector=self._owner, method=method, value=connector_output,
             )
+        for request_id in getattr(connector_output, "finished_recving", None) or ():
+            self._receiving.pop(request_id, None)
         if report is None:
             return
         if not isinstance(report, SaveReport):

@@ -36,8 +36,9 @@ from capkv.errors import ConfigError
 from capkv.stores._backend import Backend, StoreKey
 from capkv.stores._checksum import block_identity, payload_checksums
 from capkv.stores._keys import BlockKey, framed_digest
-from capkv.stores._loading import load_chunks, plan_chunks
+from capkv.stores._loading import LoadOutcome, load_chunks, plan_chunks
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
+from capkv.stores._reader import BackgroundLoads
 from capkv.stores._staging import RowCache, StagingRing
 from capkv.stores._value import FORMAT_VERSION, HEADER_SIZE, LAYOUT_SIZE
 from capkv.stores._writer import DEFAULT_BATCH_BYTES, SaveJob, Writer
@@ -118,8 +119,12 @@ class StoreWorker:
         self._failed: set[BlockKey] = set()
         self._errors: LoadErrors = {}
         self._counts: Counter[str] = Counter()
-        self._loaded_through: int | None = None
-        """The last step whose loads ran, until reported."""
+        self._ran_through = 0
+        """The last step whose loads were run or started."""
+        self._reported_through = 0
+        """The ``loaded_through`` last reported."""
+        self._reader = BackgroundLoads(backend, owner=owner)
+        """The loads of requests the scheduler side answered ``load_async`` for (``StoreMetadata.receiving``)."""
         self._load_failed: set[str] = set()
         """Requests whose load failed in the step being run."""
         self._layout_news: tuple[bytes, ...] | None = None
@@ -159,6 +164,8 @@ class StoreWorker:
         for handles in self._sending.values():
             for handle in handles:
                 handle.wait()
+        self._reader.wait()  # scatters into the cache being released
+        self._reader.drop_rows()
         if self._ring is not None:
             self._ring.clear()
             self._ring = None
@@ -166,6 +173,11 @@ class StoreWorker:
 
     def _attached(self, copier: capkv.transfer._copier.BlockCopier) -> None:
         """The engine registered its KV cache (a store sizes its memory here)."""
+
+    @property
+    def backend(self) -> Backend:
+        """Where the values live."""
+        return self._backend
 
     @property
     def fingerprints(self) -> tuple[bytes, ...]:
@@ -199,30 +211,57 @@ class StoreWorker:
 
     def load(self, metadata: StoreMetadata) -> None:
         """Run the step's loads, chunk by chunk (:mod:`capkv.stores._loading`), and order the engine's
-        stream after them."""
+        stream after them; the loads of requests it receives asynchronously (``metadata.receiving``)
+        start on the reader thread instead (:mod:`capkv.stores._reader`)."""
         for group, block_id in metadata.unavailable:
             self._errors.setdefault(group, set()).add(block_id)
         self._load_failed = set()
-        if metadata.loads:
+        receiving = frozenset(metadata.receiving)
+        now = [move for move in metadata.loads if move.request_id not in receiving]
+        later = [move for move in metadata.loads if move.request_id in receiving]
+        if now:
             copier = self.copier("start_load_kv")
             ring = self._staging_ring(copier)
-            chunks = plan_chunks(metadata.loads, self.store_key, self._sizes, ring)
-            outcome = load_chunks(chunks, self._backend, copier, ring, owner=self._owner)
-            for group, failed in outcome.errors.items():
-                self._errors.setdefault(group, set()).update(failed)
+            outcome = load_chunks(
+                plan_chunks(now, self.store_key, self._sizes, ring), self._backend, copier, ring, owner=self._owner
+            )
+            self._count_load(outcome)
             self._load_failed = outcome.failed_requests
-            if outcome.read_failure is not None:
-                self._read_failures.append(outcome.read_failure)
-            self.damaged_values += len(outcome.damaged)
-            self._lost.update(key.block for key in outcome.lost)
-            self._counts["loaded_blocks"] += outcome.loaded
-            self._counts["loaded_bytes"] += outcome.loaded_bytes
-            self._counts["failed_blocks"] += sum(len(failed) for failed in outcome.errors.values())
-            if outcome.damaged:
-                self._forget_damaged(outcome.damaged)
             for handle in outcome.handles:
                 handle.stream_wait()
-        self._loaded_through = metadata.step  # stream-ordered: the engine reads them after this
+        if receiving:
+            copier = self.copier("start_load_kv")
+            chunks = plan_chunks(later, self.store_key, self._sizes, self._staging_ring(copier))
+            self._reader.start(metadata.step, receiving, chunks, copier)
+        self._ran_through = metadata.step  # stream-ordered: the engine reads them after this
+
+    def _count_load(self, outcome: LoadOutcome) -> None:
+        """Take in what a load did: its load errors, failures, lost and damaged values, counts."""
+        for group, failed in outcome.errors.items():
+            self._errors.setdefault(group, set()).update(failed)
+        if outcome.read_failure is not None:
+            self._read_failures.append(outcome.read_failure)
+        self.damaged_values += len(outcome.damaged)
+        self._lost.update(key.block for key in outcome.lost)
+        self._counts["loaded_blocks"] += outcome.loaded
+        self._counts["loaded_bytes"] += outcome.loaded_bytes
+        self._counts["failed_blocks"] += sum(len(failed) for failed in outcome.errors.values())
+        if outcome.damaged:
+            self._forget_damaged(outcome.damaged)
+
+    def received(self) -> set[str] | None:
+        """Requests whose asynchronous load is over (``get_finished``'s receiving set); their failed
+        blocks are load errors from now on, so the engine hears of both in the same step."""
+        received: set[str] = set()
+        for finished in self._reader.take_finished():
+            self._count_load(finished.outcome)
+            received |= finished.requests
+        return received or None
+
+    @property
+    def receiving(self) -> frozenset[str]:
+        """Requests whose asynchronous load is not reported over yet."""
+        return self._reader.receiving
 
     def _row_cache(self, copier: capkv.transfer._copier.BlockCopier) -> RowCache:
         """The host rows saves are gathered into (pinned on CUDA), reused once their write is over."""
@@ -318,13 +357,17 @@ class StoreWorker:
         """The saves that ended since the last call, stored or failed, and the last step whose loads
         ran (``None`` when there is no news)."""
         self._settle(wait=False)
-        if not (self._stored or self._failed or self._lost) and self._loaded_through is None and self._layout_news is None:
+        pending = self._reader.pending_since()
+        through = self._ran_through if pending is None else pending - 1  # pins outlive the loads reading them
+        loaded_through = through if through > self._reported_through else None
+        if not (self._stored or self._failed or self._lost) and loaded_through is None and self._layout_news is None:
             return None
         report = SaveReport(
-            frozenset(self._stored), frozenset(self._failed), self._loaded_through, self._layout_news,
+            frozenset(self._stored), frozenset(self._failed), loaded_through, self._layout_news,
             self._spec.shard.index, lost=frozenset(self._lost),
         )
-        self._stored, self._failed, self._loaded_through, self._layout_news = set(), set(), None, None
+        self._stored, self._failed, self._layout_news = set(), set(), None
+        self._reported_through = max(self._reported_through, through)
         self._lost = set()
         return report
 
@@ -357,6 +400,7 @@ class StoreWorker:
         """Wait until every started save is over; raise the failures since the last call, each once."""
         if self._writer is not None:
             self._writer.wait()
+        self._reader.wait()
         self._settle(wait=True)
         self._raise_failures()
 
@@ -375,6 +419,9 @@ class StoreWorker:
             for handles in self._sending.values():
                 for handle in handles:
                     handle.wait()
+            self._reader.close()
+            for finished in self._reader.take_finished():
+                self._count_load(finished.outcome)  # read failures are raised below
             if self._writer is not None:
                 self._writer.close()
             self._settle(wait=True)

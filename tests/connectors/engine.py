@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,8 @@ class MiniEngine:
             self._rng.shuffle(ids)
             self.free.append(ids)
         self.held: dict[str, tuple[list[int], ...]] = {}
+        self.received: set[str] = set()
+        """Requests the connector reported received (asynchronous loads), not yet taken."""
         self._scribble(range(spec.num_blocks), groups=range(spec.num_groups))
         self.null_snapshot = {name: self._block(name, null).clone() for name in self.caches}
         connector.register_kv_caches(self.caches)
@@ -187,8 +190,29 @@ class MiniEngine:
                 worker_meta=worker_meta,
             )
         )
+        self.received |= recving or set()
         for request_id in sending or ():
             self._free(self.held.pop(request_id))
+
+    def _receive(self, request_id: str, timeout_s: float = 30.0) -> dict[int, set[int]]:
+        """Step (the request parked, as vLLM's ``WAITING_FOR_REMOTE_KVS``) until the connector reports
+        ``request_id`` received, within ``timeout_s``; the load errors reported meanwhile."""
+        errors: dict[int, set[int]] = {}
+
+        def collect(found: dict[int, set[int]]) -> None:
+            for group, failed in found.items():
+                errors.setdefault(group, set()).update(failed)
+
+        deadline = time.monotonic() + timeout_s
+        while request_id not in self.received:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"request {request_id} was never reported received")
+            self.step(collect)
+            if request_id not in self.received:
+                time.sleep(0.001)
+        collect(self.connector.get_block_ids_with_load_errors())  # reported with the receive, after it
+        self.received.discard(request_id)
+        return errors
 
     def finish(self, run: Run) -> bool:
         """Hand a prefilled request to the connector; ``True`` when the engine now holds its blocks."""
@@ -203,14 +227,17 @@ class MiniEngine:
         """Prefill ``prompt`` (loading what the connector offers), sample one token, finish."""
         request = Req(request_id, list(prompt))
         offered, load_async = self.connector.get_num_new_matched_tokens(request, 0)
-        if load_async or offered is None:
+        if offered is None or (load_async and not offered):
             raise AssertionError(f"unexpected offer {(offered, load_async)}")
         blocks = self._allocate(len(prompt), offered)
         self.connector.update_state_after_alloc(request, blocks, offered)
         run = Run(request, offered, blocks)
         restart = [offered]  # like vLLM, recompute from the first block that failed to load
+        early_errors = self._receive(request_id) if load_async else {}
 
         def check_loaded(errors: dict[int, set[int]]) -> None:
+            for group, failed in early_errors.items():
+                errors = {**errors, group: errors.get(group, set()) | failed}
             run.load_errors = errors
             for group, described in enumerate(self.spec.groups):
                 size = described.block_size or 1
