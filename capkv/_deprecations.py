@@ -151,7 +151,7 @@ DEPRECATED: Final[dict[str, dict[str, str]]] = {
         "SaveReport": "capkv.connectors",
         "StoreMetadata": "capkv.connectors",
     },
-    "capkv.connectors.scheduler": {"StoreIndex": "capkv.stores._scheduler", "StoreScheduler": "capkv.stores._scheduler"},
+    "capkv.connectors.scheduler": {"StoreIndex": "capkv.stores._index_contract", "StoreScheduler": "capkv.stores._scheduler"},
     "capkv.connectors.single_group": {"SingleGroupOffloadConnector": "capkv.connectors"},
     "capkv.connectors.worker": {"StoreWorker": "capkv.stores._worker"},
     "capkv.contracts": {

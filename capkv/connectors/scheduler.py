@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from capkv._lazy import deprecated_module
 
 if TYPE_CHECKING:
-    from capkv.stores._scheduler import StoreIndex as StoreIndex
+    from capkv.stores._index_contract import StoreIndex as StoreIndex
     from capkv.stores._scheduler import StoreScheduler as StoreScheduler
 
 __all__: list[str] = []

@@ -39,7 +39,8 @@ from capkv._homes import publish
 from capkv.stores._backend import reads_slowly
 from capkv.stores._keys import PrefixHasher
 from capkv.stores._metadata import SaveReport, StoreMetadata
-from capkv.stores._scheduler import StoreIndex, StoreScheduler
+from capkv.stores._index_contract import StoreIndex
+from capkv.stores._scheduler import StoreScheduler
 from capkv.stores._worker import StoreWorker
 from capkv.contracts._arguments import require_instance
 from capkv.contracts._base import KVConnectorBase
