@@ -215,7 +215,8 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
     def get_kv_connector_stats(self) -> dict[str, int] | None:
         """Counters since the last call (``None`` when all are zero): ``hit_tokens``,
         ``loaded_blocks``/``loaded_bytes``, ``saved_blocks``/``saved_bytes`` (saves started),
-        ``failed_blocks`` (loads that failed), ``failed_save_blocks`` (saves that failed)."""
+        ``failed_blocks`` (loads that failed), ``failed_save_blocks`` (saves that failed),
+        ``dropped_save_blocks`` (saves not started: the background writer was full)."""
         counts = self._worker.take_counts()
         hit_tokens = self._scheduler.take_hit_tokens()
         if hit_tokens:

@@ -293,7 +293,9 @@ class StoreWorker:
             self._writer_for("start_load_kv").delete([self.store_key(key) for key in metadata.evicted])
         for move in metadata.saves:
             job = self._start_save(move, "start_load_kv")
-            self._sending.setdefault(move.request_id, []).append(job.copied)
+            copies = self._sending.setdefault(move.request_id, [])  # reported, even with every save dropped
+            if job is not None:
+                copies.append(job.copied)
 
     def loads_failed(self, request_ids: Collection[str]) -> None:
         """Loads of these requests failed this step elsewhere in a stack: they save nothing this step."""
@@ -305,21 +307,28 @@ class StoreWorker:
             if move.request_id in self._load_failed:
                 self._failed.update(move.keys)  # computed on a failed load: not stored, saveable again
                 continue
-            self._start_save(move, "wait_for_save").copied.stream_wait()
+            job = self._start_save(move, "wait_for_save")
+            if job is not None:
+                job.copied.stream_wait()
 
-    def _start_save(self, move: BlockMove, method: str) -> SaveJob:
-        """Gather ``move``'s blocks into reused rows and hand them to the writer. On CPU the copy is
-        done on return, so it goes a chunk at a time and each chunk's checksums are computed while
-        it is still in the CPU's cache (the writer's seal then only writes headers); on CUDA the
-        copy is still running, and the writer checksums the rows once it is over."""
+    def _start_save(self, move: BlockMove, method: str) -> SaveJob | None:
+        """Gather ``move``'s blocks into reused rows and hand them to the writer (``None``: dropped, the
+        background writer being full; its keys are reported failed, so they stay saveable). The step pays
+        only the copy: a background writer checksums the rows on its own thread. Inline on CPU the copy
+        goes a chunk at a time and each chunk's checksums are computed while it is still in the CPU's
+        cache (the seal then only writes headers)."""
         copier = self.copier(method)
         writer = self._writer_for(method)
-        cache = self._row_cache(copier)
         count, size = len(move.block_ids), self._sizes[move.group]
+        if not writer.has_room(count * size):
+            self._failed.update(move.keys)
+            self._counts["dropped_save_blocks"] += count
+            return None
+        cache = self._row_cache(copier)
         rows, buffer = cache.rows(count, size)
         keys = [self.store_key(key) for key in move.keys]
         checksums: list[bytes] | None = None
-        if copier.device.type == "cpu":
+        if copier.device.type == "cpu" and not writer.background:
             from capkv.transfer._handle import all_of  # noqa: PLC0415 (with the KV cache)
 
             checksums = []

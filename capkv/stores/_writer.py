@@ -11,6 +11,12 @@ pool on CPU, whose copy is done when the step ends) both run in the caller.
 Deletes travel the same way, so a delete and a later put of the same key
 happen in that order.
 
+In the background the saves in flight are bounded (``max_pending_bytes``): a
+save that finds no room (:meth:`Writer.has_room`) is dropped by the caller, and
+counted, rather than stalling the engine's step behind a slow backend or
+growing host memory without end; its blocks stay saveable, so a later step or
+the request's finish saves them once the backend keeps up.
+
 Nothing escapes a batch: whatever a stage raises (the copy, the checksum, the
 backend, a wrong-shaped answer), the batch's saves fail — each key once, in its
 job's landing — the error is kept (without its traceback, whose frames hold the
@@ -38,10 +44,13 @@ if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
 
     import capkv.transfer._handle
 
-__all__ = ["DEFAULT_BATCH_BYTES", "SaveJob", "Writer"]
+__all__ = ["DEFAULT_BATCH_BYTES", "DEFAULT_PENDING_BYTES", "SaveJob", "Writer"]
 
 DEFAULT_BATCH_BYTES = 256 << 20
 """At most this many bytes per ``put`` (more sealed saves go in the next one)."""
+
+DEFAULT_PENDING_BYTES = 1 << 30
+"""At most this many bytes of saves in flight in the background (more are dropped, counted)."""
 
 _KEPT_FAILURES = 64
 """Errors kept for ``flush`` to raise; beyond that only counted."""
@@ -105,9 +114,13 @@ class Writer:
     """Seals and puts saves into a backend, in the background or inline, surviving any failure."""
 
     def __init__(
-        self, put: Put, delete: Delete, *, owner: str, background: bool, batch_bytes: int = DEFAULT_BATCH_BYTES
+        self, put: Put, delete: Delete, *, owner: str, background: bool, batch_bytes: int = DEFAULT_BATCH_BYTES,
+        max_pending_bytes: int = DEFAULT_PENDING_BYTES,
     ) -> None:
         self._put = put
+        self._max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0
+        """Bytes of the submitted saves not landed yet."""
         self._delete = delete
         self._owner = owner
         self._background = background
@@ -125,6 +138,19 @@ class Writer:
         self._closed = False
 
     # ---- submitting --------------------------------------------------------------------------
+
+    @property
+    def background(self) -> bool:
+        """Whether saves are sealed and put on the writer's threads (else in the caller)."""
+        return self._background
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a save of ``nbytes`` may start now: always inline (it is over before the step goes on),
+        in the background while the saves in flight stay under ``max_pending_bytes`` (one always may)."""
+        if not self._background:
+            return True
+        with self._lock:
+            return not self._pending_bytes or self._pending_bytes + nbytes <= self._max_pending_bytes
 
     def submit(self, job: SaveJob) -> None:
         """Seal and put ``job`` (its landing tells how it went)."""
@@ -155,6 +181,7 @@ class Writer:
             self._pending += 1
             if isinstance(item, SaveJob):
                 self._open.add(item)
+                self._pending_bytes += item.nbytes
             if self._background and not self._threads:
                 self._threads = (
                     threading.Thread(target=self._seal_loop, name=f"capkv-{self._owner}-seal", daemon=True),
@@ -169,6 +196,7 @@ class Writer:
             for item in items:
                 if isinstance(item, SaveJob):
                     self._open.discard(item)
+                    self._pending_bytes -= item.nbytes
             self._pending -= len(items)
             if not self._pending:
                 self._idle.notify_all()

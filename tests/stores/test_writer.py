@@ -173,3 +173,34 @@ def test_save_rows_are_reused_only_once_their_write_is_over(monkeypatch: pytest.
         run = engine.run(name, prompt + [1])
         assert run.hit_tokens == 96 and run.load_errors == {}
     engine.connector.close()
+
+
+def test_a_full_background_writer_drops_saves_counted_and_they_are_saved_once_it_keeps_up() -> None:
+    """Backpressure: while the saves in flight fill the writer's bound, new ones are dropped (never a
+    stalled step), counted in ``dropped_save_blocks``, and stay saveable."""
+    backend = Faulty()
+    backend.hold = threading.Event()
+    engine = _engine(backend)
+    connector = engine.connector
+    engine.run("first", PROMPT)  # registers the KV cache; its saves now wait in the backend's put
+    writer = connector._store._writer
+    assert writer is not None
+    writer._max_pending_bytes = 1  # one save in flight fills it
+    began = time.monotonic()
+    engine.run("second", tokens(31, 100))
+    assert time.monotonic() - began < 30  # the step never waited for the held put (60 s)
+    stats = connector.get_kv_connector_stats() or {}
+    assert stats.get("dropped_save_blocks", 0) == BLOCKS
+    backend.hold.set()
+    connector.flush()
+    writer._max_pending_bytes = 1 << 30
+    engine.run("second again", tokens(31, 100))  # dropped, so not held: saved now
+    connector.flush()
+    assert len(backend.values) == 2 * BLOCKS
+
+
+def test_background_saves_checksum_on_the_writer_and_load_back_exact() -> None:
+    engine = _engine(MemoryBackend())
+    engine.run("first", PROMPT)
+    engine.connector.flush()
+    assert engine.run("again", PROMPT + [1]).load_errors == {}
