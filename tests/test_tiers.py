@@ -402,3 +402,18 @@ def test_two_pending_loads_of_one_request_id_are_each_reported() -> None:
     assert step(stack) == (None, {"r1"}), "the second load is reported too, not dropped"
     a.finished = (None, {"r1"})
     assert step(stack) == (None, None), "a third report has no load left"
+
+
+def test_a_hit_cut_to_its_synchronous_slices_is_still_received() -> None:
+    """The stack answered ``load_async`` (a later slice loads asynchronously) and the engine kept only the
+    synchronous slice (vLLM cuts a hit to whole blocks, say): the engine parks the request all the same,
+    so the stack reports its receive itself — once — or the request would wait forever."""
+    a = HMA("a", hit=tiered(0, 32), slices=True)
+    b = HMA("b", hit=tiered(0, 96), slices=True, load_async=True)
+    stack = MultiConnector(a, b)
+    assert stack.get_num_new_matched_tokens(R, 0) == (96, True)
+    stack.update_state_after_alloc(R, ([1],), 32)
+    assert step(stack) == (None, {"r1"})
+    assert step(stack) == (None, None)
+    b.finished = (None, {"r1"})  # b loaded nothing of it: a stray report, dropped
+    assert step(stack) == (None, None)

@@ -205,6 +205,11 @@ class SchedulerSide(FinishRoutine, StackState):
             started = first + part - local
             if part < counts[index]:
                 break
+        if started and not async_mask and failures is None and any(slice_[3] for slice_ in slices):
+            # The stack answered load_async and the engine cut the hit to synchronous slices: it
+            # still parks the request until a receive, which no child will report; the stack does.
+            # (A child that raised here makes this call raise: the engine's host decides instead.)
+            async_mask = 1 << len(self._children)
         if started:
             self._load_serial += 1
             self._loads.append((request.request_id, self._load_serial, async_mask))

@@ -49,6 +49,10 @@ class WorkerSide(StackState):
                 self._sends.expect(book.savers)
                 self._receives.expect(book.loads)
                 self._loading.update(request_id for request_id, _, _ in book.loads)
+                itself = len(self._children)  # the bit of a receive the stack owes itself (a cut hit)
+                for request_id, _, mask in book.loads:
+                    if mask >> itself & 1:
+                        self._receives.report(itself, request_id)
         failures: Failures | None = None
         active: list[KVConnector] | None = None
         for index, (child, meta) in enumerate(zip(self._children, metadata.children)):
