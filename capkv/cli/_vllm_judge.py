@@ -137,7 +137,7 @@ def _sleep_mode(entry: Mapping[str, Any]) -> str:
     """vLLM 0.33's ``enable_sleep_mode`` check: the sentence when vLLM allows it (or does not ask);
     :class:`_Refused` naming the child and the leaf that answer no."""
     if importlib.util.find_spec("vllm") is None:
-        return f"sleep mode is not judged: {_NOT_INSTALLED}"
+        return "sleep mode is not judged: vLLM is not installed (capkv[vllm]), so whether it asks the connector cannot be told"
     base: Any = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base").KVConnectorBase_V1
     if getattr(base, SLEEP_MODE, None) is None:
         version: object = getattr(importlib.import_module("vllm"), "__version__", "?")
