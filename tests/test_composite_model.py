@@ -44,7 +44,7 @@ from tests.fakes import HMA
 from tests.test_tiers import spec
 
 EXAMPLES = int(os.environ.get("CAPKV_MODEL_EXAMPLES", "2000"))
-STEPS = 40
+STEPS = 60
 BLOCK = 16
 BLOCKS = 4
 TOKENS = BLOCK * BLOCKS
@@ -106,7 +106,9 @@ class Kid(HMA):
         self.saves_planned: list[str] = []
         self.saves: list[str] = []
         self.accepted: dict[str, int] = {}  # request id -> saves accepted and not reported
-        self.recv_next: set[str] = set()
+        self.recv_next: list[str] = []
+        """Requests whose load completed, in order; an id twice (two loads of a reused id) is reported
+        in two calls, as a connector reports a set of ids per call."""
         self.strays_next: set[str] = set()
         """Receives of loads the child does not owe (repeats, strays), shipped with the next ``get_finished``."""
         self.send_next: set[str] = set()
@@ -153,7 +155,7 @@ class Kid(HMA):
     def complete_load(self, pick: int) -> None:
         load = self.in_flight.pop(pick % len(self.in_flight))
         self.world.land(load, self.errors_next)
-        self.recv_next.add(load.live.req.request_id)
+        self.recv_next.append(load.live.req.request_id)
         load.reported = True
 
     def complete_save(self, pick: int) -> None:
@@ -161,8 +163,12 @@ class Kid(HMA):
         self.send_next.add(request_id)
 
     def get_finished(self, finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
-        sending, recving = self.send_next, self.recv_next | self.strays_next
-        self.send_next, self.recv_next, self.strays_next = set(), set(), set()
+        now = set(self.recv_next)
+        later = list(self.recv_next)
+        for request_id in now:
+            later.remove(request_id)
+        sending, recving = self.send_next, now | self.strays_next
+        self.send_next, self.recv_next, self.strays_next = set(), later, set()
         for request_id in sending:
             if self.accepted.get(request_id):
                 self.accepted[request_id] -= 1
@@ -179,10 +185,12 @@ class Model(RuleBasedStateMachine):
     runs = 0
 
     @initialize(kinds=st.lists(st.booleans(), min_size=1, max_size=3), promote=st.booleans(),
-                recompute=st.booleans())
-    def build(self, kinds: list[bool], promote: bool, recompute: bool) -> None:
+                recompute=st.booleans(), ends=st.lists(st.integers(0, BLOCKS), min_size=3, max_size=3))
+    def build(self, kinds: list[bool], promote: bool, recompute: bool, ends: list[int]) -> None:
         Model.runs += 1
         self.kids = [Kid(i, load_async, self) for i, load_async in enumerate(kinds)]
+        for kid, end in zip(self.kids, ends):  # hits from the start, so short runs load too
+            kid.end = end * BLOCK
         self.stack: Any = MultiConnector(*self.kids, promote=promote)
         self.stack.bind_kv_spec(spec(BLOCK))
         self.recompute = recompute
@@ -255,6 +263,7 @@ class Model(RuleBasedStateMachine):
 
     @rule(pick=st.sampled_from(IDS), cap=st.sampled_from([None, None, 0, 1, 2, 3]), fail_alloc=st.booleans())
     def admit(self, pick: str, cap: int | None, fail_alloc: bool) -> None:
+        self.a_request_arrives(pick)  # arrives first, when it has not (or its id is free for reuse)
         live = self._latest(pick)
         if live is None or live.status != "waiting":
             return
