@@ -7,13 +7,14 @@ are hot paths: they allocate nothing in the common case beyond what they return.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from capkv.composite._agreement import agreed_finished_count, agreed_layout, piecewise_needed
 from capkv.composite._fanout import ATTACHED, HELD, TOLD, Failures, bad_answer, failure
 from capkv.composite._finish import FinishResult, FinishRoutine
 from capkv.composite._metadata import NOT_BUILT, Book, MultiConnectorMetadata, MultiWorkerMetadata
+from capkv.composite._native import NOT_CARRIED
 from capkv.composite._plan import Slice
 from capkv.composite._state import UNSET, StackState
 from capkv.contracts._engine import BlockIds, HandshakeMetadata, KVConnectorOutput, Request, SchedulerOutput
@@ -150,18 +151,11 @@ class SchedulerSide(FinishRoutine, StackState):
             raise self._more_than_offered(request, num_external_tokens, 0)
         if plan is None or num_external_tokens <= 0:
             native = self._native
-            if native is not None:  # every child takes the engine's own blocks: unwrap them once
-                engine_blocks: object = getattr(blocks, native[2], None)
-                if engine_blocks is not None:
-                    index = 0
-                    for call in native[0]:
-                        try:
-                            call(request, engine_blocks, 0)
-                        except Exception as exc:
-                            failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                        index += 1
-                    if failures:
-                        raise self._alloc_failed(failures, 0)
+            if native is not None:  # every child takes the engine's own blocks: unwrapped once
+                passed = native[2](native[0], request, blocks)
+                if passed is not NOT_CARRIED:
+                    if passed:
+                        raise self._alloc_failed(passed, 0)
                     return
             for child in self._children:
                 try:
@@ -301,7 +295,11 @@ class SchedulerSide(FinishRoutine, StackState):
         that take the engine's own output (:mod:`~capkv.composite._native`) get that one,
         its worker-metadata field set the same way.
         """
-        self._settling.output(connector_output.finished_recving)
+        settling = self._settling
+        if settling.pending or settling.shipped:
+            settling.output(connector_output.finished_recving)
+        elif settling.outputs < settling.builds:  # nothing to settle: output() would only count it
+            settling.outputs += 1
         worker_meta = connector_output.worker_meta
         children = self._children
         if worker_meta is None:
@@ -311,23 +309,13 @@ class SchedulerSide(FinishRoutine, StackState):
         else:
             per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
         native = self._native
-        failures: Failures | None = None
-        if native is not None:  # every child takes the engine's own output: unwrap it once
-            engine_output: object = getattr(connector_output, native[3], None)
-            if engine_output is not None:
-                if per_child is None and getattr(engine_output, native[4]) is None:
-                    index = 0
-                    for call in native[1]:  # nothing to set: the engine's output as it is
-                        try:
-                            call(engine_output)
-                        except Exception as exc:
-                            failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                        index += 1
-                    if failures:
-                        raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
-                    return
-                self._pass_output(engine_output, native[4], native[1], per_child)
+        if native is not None:  # every child takes the engine's own output: unwrapped once
+            passed = native[3](native[1], connector_output, per_child)
+            if passed is not NOT_CARRIED:
+                if passed:
+                    raise failure(type(self).__name__, self._names, "update_connector_output", passed, TOLD)
                 return
+        failures: Failures | None = None
         if per_child is None:
             for child in children:
                 try:
@@ -344,29 +332,6 @@ class SchedulerSide(FinishRoutine, StackState):
                         failures = self._failed_child(failures, child, exc)
             finally:
                 _set(connector_output, "worker_meta", worker_meta)
-        if failures:
-            raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
-
-    def _pass_output(
-        self, engine_output: object, field: str, calls: tuple[Callable[[Any], None], ...],
-        per_child: tuple[object, ...] | None,
-    ) -> None:
-        """The engine's own output to each child's own member, the child's worker metadata in ``field``
-        for its call."""
-        failures: Failures | None = None
-        index = 0
-        shares = per_child if per_child is not None else (None,) * len(calls)
-        saved: object = getattr(engine_output, field)
-        try:
-            for call, meta in zip(calls, shares):
-                setattr(engine_output, field, meta)
-                try:
-                    call(engine_output)
-                except Exception as exc:
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                index += 1
-        finally:
-            setattr(engine_output, field, saved)
         if failures:
             raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
 
