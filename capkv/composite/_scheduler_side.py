@@ -64,12 +64,12 @@ class SchedulerSide(FinishRoutine, StackState):
         open_ = True  # later children may still extend the hit
         slices: list[Slice] | None = None
         failures: Failures | None = None
-        for child, slicing in self._asked:
+        for ask, slicing, index in self._asked:
             asked = start if slicing and open_ else num_computed_tokens
             try:
-                answer: Any = child.get_num_new_matched_tokens(request, asked)
+                answer: Any = ask(request, asked)
             except Exception as exc:
-                failures = self._failed_child(failures, child, exc)
+                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
                 continue
             try:
                 tokens, load_async = answer
@@ -77,7 +77,6 @@ class SchedulerSide(FinishRoutine, StackState):
                 tokens = load_async = UNSET
             if tokens is _ZERO:  # the common answer, first (an int 0: CPython keeps one; False is not it)
                 continue
-            index = self._position(child)  # the rarer answers: a hit, "ask again", a bad one
             if type(tokens) is int and tokens >= 0:
                 if not tokens:
                     continue

@@ -91,8 +91,9 @@ class StackState(StackNode):
     _active: tuple[KVConnector, ...]
     _plans: dict[str, Plan]
     _slicing: tuple[bool, ...]
-    _asked: tuple[tuple[KVConnector, bool], ...]
-    """Each child with whether it loads slices: how ``get_num_new_matched_tokens`` asks it."""
+    _asked: tuple[tuple[Callable[[Request, int], Any], bool, int], ...]
+    """Each child's ``get_num_new_matched_tokens`` (bound once, as the finishers are), whether it loads slices
+    (how it is asked), and its index."""
     _native: NativeStack | None
     """The children's own members and the carriers of the engine's objects, when every child takes them."""
     _foreign: tuple[ForeignLoads | None, ...]
@@ -137,7 +138,10 @@ class StackState(StackNode):
         self._names = names
         self._plans = {}
         self._slicing = tuple(loads_slices(child) for child in children)
-        self._asked = tuple(zip(children, self._slicing, strict=True))
+        self._asked = tuple(
+            (child.get_num_new_matched_tokens, slicing, index)
+            for index, (child, slicing) in enumerate(zip(children, self._slicing, strict=True))
+        )
         natives = native_calls(children)
         self._native = None if natives is None else (
             tuple(n.update_state_after_alloc for n in natives),
