@@ -12,9 +12,10 @@ the translation is nothing more than unwrapping (a child loading nothing, an
 output), and only when every child of the stack offers it (not through dev
 mode's checking proxies, which must see every call).
 
-The unwrapping itself is the adapter's (``pass_blocks``, ``pass_output``): it knows
-its engine's attribute names, so it reads and sets them as plain attributes, where
-the stack, knowing only names, would pay ``getattr``/``setattr`` on every call.
+Unwrapping the output is the adapter's (``pass_output``): it knows its engine's
+attribute names, so it reads and sets them as plain attributes, where the stack,
+knowing only names, would pay a ``getattr``/``setattr`` per child on every call.
+The blocks need one ``getattr`` per call and nothing set: the stack reads them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Final, Literal
 
 from capkv.composite._fanout import Failures
 
-__all__ = ["NOT_CARRIED", "NativeCalls", "NotCarried", "PassBlocks", "PassOutput", "native_calls"]
+__all__ = ["NOT_CARRIED", "NativeCalls", "NotCarried", "PassOutput", "native_calls"]
 
 
 class NotCarried(Enum):
@@ -40,9 +41,6 @@ NOT_CARRIED: Final = NotCarried.NOT_CARRIED
 
 AllocCall = Callable[[Any, Any, int], None]
 OutputCall = Callable[[Any], None]
-PassBlocks = Callable[[tuple[AllocCall, ...], Any, Any], Failures | None | Literal[NotCarried.NOT_CARRIED]]
-"""``(calls, request, blocks)``: each call with the engine's blocks carried in ``blocks`` and 0 external tokens;
-what the calls raised (every call made), or :data:`NOT_CARRIED` (no call made)."""
 PassOutput = Callable[
     [tuple[OutputCall, ...], Any, tuple[object, ...] | None], Failures | None | Literal[NotCarried.NOT_CARRIED]
 ]
@@ -59,13 +57,14 @@ class NativeCalls:
     """The connector's own member, called with the engine's blocks when it loads nothing."""
     update_connector_output: OutputCall
     """The connector's own member, called with the engine's output (its worker metadata set to the child's)."""
-    pass_blocks: PassBlocks
-    """Unwraps the engine's blocks from capkv's block ids and calls the children's own members."""
+    blocks: str
+    """The attribute of capkv's block ids that carries the engine's blocks (read once per call, by name:
+    one ``getattr`` costs less than a call into the adapter)."""
     pass_output: PassOutput
     """Unwraps the engine's output from capkv's output and calls the children's own members."""
 
     def same_carriers(self, other: NativeCalls) -> bool:
-        return self.pass_blocks is other.pass_blocks and self.pass_output is other.pass_output
+        return self.blocks == other.blocks and self.pass_output is other.pass_output
 
 
 def native_calls(children: tuple[object, ...]) -> tuple[NativeCalls, ...] | None:

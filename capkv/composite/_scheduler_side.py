@@ -150,11 +150,18 @@ class SchedulerSide(FinishRoutine, StackState):
             raise self._more_than_offered(request, num_external_tokens, 0)
         if plan is None or num_external_tokens <= 0:
             native = self._native
-            if native is not None:  # every child takes the engine's own blocks: unwrapped once
-                passed = native[2](native[0], request, blocks)
-                if passed is not NOT_CARRIED:
-                    if passed:
-                        raise self._alloc_failed(passed, 0)
+            if native is not None:  # every child takes the engine's own blocks: unwrap them once
+                engine_blocks: object = getattr(blocks, native[2], None)
+                if engine_blocks is not None:
+                    index = 0
+                    for call in native[0]:
+                        try:
+                            call(request, engine_blocks, 0)
+                        except Exception as exc:
+                            failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                        index += 1
+                    if failures:
+                        raise self._alloc_failed(failures, 0)
                     return
             for child in self._children:
                 try:

@@ -30,7 +30,6 @@ __all__ = [
     "VllmOutputCarrier",
     "attribute_load_errors",
     "block_ids_from_vllm",
-    "pass_blocks",
     "pass_output",
 ]
 
@@ -123,28 +122,6 @@ def attribute_load_errors(
             )
         errors.setdefault(group, set()).add(block_id)
     return errors
-
-
-def pass_blocks(
-    calls: tuple[Callable[[Any, Any, int], None], ...], request: object, blocks: Any
-) -> Failures | None | Literal[NotCarried.NOT_CARRIED]:
-    """A stack's wrapped vLLM children take the ``KVCacheBlocks`` carried in ``blocks``, each its own member
-    with no external tokens (:class:`~capkv.composite._native.NativeCalls`)."""
-    try:
-        carried: object = blocks.kv_cache_blocks  # no cast(): a call, on the hottest path
-    except AttributeError:
-        return NOT_CARRIED
-    if carried is None:
-        return NOT_CARRIED
-    failures: Failures | None = None
-    index = 0
-    for call in calls:
-        try:
-            call(request, carried, 0)
-        except Exception as exc:
-            failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-        index += 1
-    return failures
 
 
 def pass_output(
