@@ -11,34 +11,60 @@ child, as the engine's own composite does. A child offers this through a
 the translation is nothing more than unwrapping (a child loading nothing, an
 output), and only when every child of the stack offers it (not through dev
 mode's checking proxies, which must see every call).
+
+Unwrapping the output is the adapter's (``pass_output``): it knows its engine's
+attribute names, so it reads and sets them as plain attributes, where the stack,
+knowing only names, would pay a ``getattr``/``setattr`` per child on every call.
+The blocks need one ``getattr`` per call and nothing set: the stack reads them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, Final, Literal
 
-__all__ = ["NativeCalls", "native_calls"]
+from capkv.composite._fanout import Failures
+
+__all__ = ["NOT_CARRIED", "NativeCalls", "NotCarried", "PassOutput", "native_calls"]
+
+
+class NotCarried(Enum):
+    """The type of :data:`NOT_CARRIED`."""
+
+    NOT_CARRIED = "not carried"
+
+
+NOT_CARRIED: Final = NotCarried.NOT_CARRIED
+"""What a pass function returns when capkv's object carries no engine object: the stack translates per child."""
+
+AllocCall = Callable[[Any, Any, int], None]
+OutputCall = Callable[[Any], None]
+PassOutput = Callable[
+    [tuple[OutputCall, ...], Any, tuple[object, ...] | None], Failures | None | Literal[NotCarried.NOT_CARRIED]
+]
+"""``(calls, output, shares)``: each call with the engine's output carried in ``output``, its worker-metadata
+field set to the call's share for the call (restored after; with no shares, left as it is when it holds none,
+else ``None`` for each); what the calls raised (every call made), or :data:`NOT_CARRIED` (no call made)."""
 
 
 @dataclass(frozen=True, slots=True)
 class NativeCalls:
     """How a wrapped engine connector takes the engine's objects directly."""
 
-    update_state_after_alloc: Callable[[Any, Any, int], None]
+    update_state_after_alloc: AllocCall
     """The connector's own member, called with the engine's blocks when it loads nothing."""
-    update_connector_output: Callable[[Any], None]
+    update_connector_output: OutputCall
     """The connector's own member, called with the engine's output (its worker metadata set to the child's)."""
     blocks: str
-    """The attribute of capkv's block ids that carries the engine's blocks."""
-    output: str
-    """The attribute of capkv's output that carries the engine's output."""
-    worker_meta: str
-    """The engine output's field for a connector's worker metadata."""
+    """The attribute of capkv's block ids that carries the engine's blocks (read once per call, by name:
+    one ``getattr`` costs less than a call into the adapter)."""
+    pass_output: PassOutput
+    """Unwraps the engine's output from capkv's output and calls the children's own members."""
 
     def same_carriers(self, other: NativeCalls) -> bool:
-        return (self.blocks, self.output, self.worker_meta) == (other.blocks, other.output, other.worker_meta)
+        return self.blocks == other.blocks and self.pass_output is other.pass_output
 
 
 def native_calls(children: tuple[object, ...]) -> tuple[NativeCalls, ...] | None:

@@ -7,13 +7,14 @@ are hot paths: they allocate nothing in the common case beyond what they return.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from capkv.composite._agreement import agreed_finished_count, agreed_layout, piecewise_needed
 from capkv.composite._fanout import ATTACHED, HELD, TOLD, Failures, bad_answer, failure
 from capkv.composite._finish import FinishResult, FinishRoutine
 from capkv.composite._metadata import NOT_BUILT, Book, MultiConnectorMetadata, MultiWorkerMetadata
+from capkv.composite._native import NOT_CARRIED
 from capkv.composite._plan import Slice
 from capkv.composite._state import UNSET, StackState
 from capkv.contracts._engine import BlockIds, HandshakeMetadata, KVConnectorOutput, Request, SchedulerOutput
@@ -63,12 +64,12 @@ class SchedulerSide(FinishRoutine, StackState):
         open_ = True  # later children may still extend the hit
         slices: list[Slice] | None = None
         failures: Failures | None = None
-        for child, slicing in self._asked:
+        for ask, slicing, index in self._asked:
             asked = start if slicing and open_ else num_computed_tokens
             try:
-                answer: Any = child.get_num_new_matched_tokens(request, asked)
+                answer: Any = ask(request, asked)
             except Exception as exc:
-                failures = self._failed_child(failures, child, exc)
+                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
                 continue
             try:
                 tokens, load_async = answer
@@ -76,7 +77,6 @@ class SchedulerSide(FinishRoutine, StackState):
                 tokens = load_async = UNSET
             if tokens is _ZERO:  # the common answer, first (an int 0: CPython keeps one; False is not it)
                 continue
-            index = self._position(child)  # the rarer answers: a hit, "ask again", a bad one
             if type(tokens) is int and tokens >= 0:
                 if not tokens:
                     continue
@@ -306,7 +306,11 @@ class SchedulerSide(FinishRoutine, StackState):
         that take the engine's own output (:mod:`~capkv.composite._native`) get that one,
         its worker-metadata field set the same way.
         """
-        self._settling.output(connector_output.finished_recving)
+        settling = self._settling
+        if settling.pending or settling.shipped:
+            settling.output(connector_output.finished_recving)
+        elif settling.outputs < settling.builds:  # nothing to settle: output() would only count it
+            settling.outputs += 1
         worker_meta = connector_output.worker_meta
         children = self._children
         if worker_meta is None:
@@ -316,23 +320,13 @@ class SchedulerSide(FinishRoutine, StackState):
         else:
             per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
         native = self._native
-        failures: Failures | None = None
-        if native is not None:  # every child takes the engine's own output: unwrap it once
-            engine_output: object = getattr(connector_output, native[3], None)
-            if engine_output is not None:
-                if per_child is None and getattr(engine_output, native[4]) is None:
-                    index = 0
-                    for call in native[1]:  # nothing to set: the engine's output as it is
-                        try:
-                            call(engine_output)
-                        except Exception as exc:
-                            failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                        index += 1
-                    if failures:
-                        raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
-                    return
-                self._pass_output(engine_output, native[4], native[1], per_child)
+        if native is not None:  # every child takes the engine's own output: unwrapped once
+            passed = native[3](native[1], connector_output, per_child)
+            if passed is not NOT_CARRIED:
+                if passed:
+                    raise failure(type(self).__name__, self._names, "update_connector_output", passed, TOLD)
                 return
+        failures: Failures | None = None
         if per_child is None:
             for child in children:
                 try:
@@ -349,29 +343,6 @@ class SchedulerSide(FinishRoutine, StackState):
                         failures = self._failed_child(failures, child, exc)
             finally:
                 _set(connector_output, "worker_meta", worker_meta)
-        if failures:
-            raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
-
-    def _pass_output(
-        self, engine_output: object, field: str, calls: tuple[Callable[[Any], None], ...],
-        per_child: tuple[object, ...] | None,
-    ) -> None:
-        """The engine's own output to each child's own member, the child's worker metadata in ``field``
-        for its call."""
-        failures: Failures | None = None
-        index = 0
-        shares = per_child if per_child is not None else (None,) * len(calls)
-        saved: object = getattr(engine_output, field)
-        try:
-            for call, meta in zip(calls, shares):
-                setattr(engine_output, field, meta)
-                try:
-                    call(engine_output)
-                except Exception as exc:
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                index += 1
-        finally:
-            setattr(engine_output, field, saved)
         if failures:
             raise failure(type(self).__name__, self._names, "update_connector_output", failures, TOLD)
 

@@ -41,26 +41,32 @@ __all__ = ["LoadSettling", "unfilled_masked"]
 
 
 class LoadSettling:
-    """The scheduler side's loads the engine has not heard the end of."""
+    """The scheduler side's loads the engine has not heard the end of.
 
-    __slots__ = ("_pending", "_unbuilt", "_shipped", "_builds", "_outputs")
+    ``pending``, ``shipped``, ``builds`` and ``outputs`` are read by the stack's
+    ``update_connector_output``: with no load pending or shipped, :meth:`output` would only
+    count the output (``outputs += 1`` while below ``builds``), and the stack does that inline:
+    no call per step in the common case.
+    """
+
+    __slots__ = ("pending", "_unbuilt", "shipped", "builds", "outputs")
 
     def __init__(self) -> None:
-        self._pending: dict[str, list[list[int]]] = {}
+        self.pending: dict[str, list[list[int]]] = {}
         """Request id -> [[load number, first token, asynchronous (0/1), request live (0/1)], ...], in order."""
         self._unbuilt: list[tuple[str, int]] = []
         """Synchronous loads not yet in metadata that was built."""
-        self._shipped: list[tuple[int, str, int]] = []
+        self.shipped: list[tuple[int, str, int]] = []
         """(step, request id, load number) of synchronous loads, by the step whose metadata carried them."""
-        self._builds = 0
-        self._outputs = 0
+        self.builds = 0
+        self.outputs = 0
 
     def started(self, request_id: str, number: int, first: int, load_async: bool) -> None:
         """A load of tokens from ``first`` on started (``update_state_after_alloc``)."""
         entry = [number, first, 1 if load_async else 0, 1]
-        entries = self._pending.get(request_id)
+        entries = self.pending.get(request_id)
         if entries is None:
-            self._pending[request_id] = [entry]
+            self.pending[request_id] = [entry]
         else:
             entries.append(entry)
         if not load_async:
@@ -68,28 +74,28 @@ class LoadSettling:
 
     def built(self, ok: bool) -> None:
         """A step's metadata was built; ``ok``: with the loads started since (a failed build re-sends them)."""
-        self._builds += 1
+        self.builds += 1
         if ok and self._unbuilt:
-            step = self._builds
-            self._shipped.extend((step, request_id, number) for request_id, number in self._unbuilt)
+            step = self.builds
+            self.shipped.extend((step, request_id, number) for request_id, number in self._unbuilt)
             self._unbuilt = []
 
     def output(self, finished_recving: object) -> None:
         """A step's output came back (``update_connector_output``)."""
-        if self._outputs < self._builds:  # a report before any step (a handshake's) settles nothing
-            self._outputs += 1
-            shipped = self._shipped
-            if shipped and shipped[0][0] <= self._outputs:
+        if self.outputs < self.builds:  # a report before any step (a handshake's) settles nothing
+            self.outputs += 1
+            shipped = self.shipped
+            if shipped and shipped[0][0] <= self.outputs:
                 done = 0
                 for step, request_id, number in shipped:
-                    if step > self._outputs:
+                    if step > self.outputs:
                         break
                     self._settle(request_id, number)
                     done += 1
                 del shipped[:done]
-        if finished_recving and self._pending:
+        if finished_recving and self.pending:
             for request_id in cast("Sequence[str]", finished_recving):
-                entries = self._pending.get(request_id)
+                entries = self.pending.get(request_id)
                 if entries is None:
                     continue
                 for entry in entries:
@@ -98,7 +104,7 @@ class LoadSettling:
                         break
 
     def _settle(self, request_id: str, number: int) -> None:
-        entries = self._pending.get(request_id)
+        entries = self.pending.get(request_id)
         if entries is None:
             return
         for position, entry in enumerate(entries):
@@ -106,12 +112,12 @@ class LoadSettling:
                 del entries[position]
                 break
         if not entries:
-            del self._pending[request_id]
+            del self.pending[request_id]
 
     def finishing(self, request_id: str) -> int | None:
         """The request finished: the first token of its earliest unsettled load, if any. Its synchronous
         loads are forgotten; its asynchronous ones wait for their reports (the id may be reused)."""
-        entries = self._pending.get(request_id)
+        entries = self.pending.get(request_id)
         if entries is None:
             return None
         first: int | None = None
@@ -123,29 +129,29 @@ class LoadSettling:
             if entry[2]:
                 kept.append(entry)
         if kept:
-            self._pending[request_id] = kept
+            self.pending[request_id] = kept
         else:
-            del self._pending[request_id]
+            del self.pending[request_id]
         return first
 
     def unsettled(self, request_id: str) -> int:
         """How many loads of the request (live or finished) the engine has not heard the end of."""
-        return len(self._pending.get(request_id, ()))
+        return len(self.pending.get(request_id, ()))
 
     def state(self) -> dict[str, object]:
         return {
-            "pending": {request_id: [list(entry) for entry in entries] for request_id, entries in self._pending.items()},
-            "unbuilt": list(self._unbuilt), "shipped": list(self._shipped),
-            "builds": self._builds, "outputs": self._outputs,
+            "pending": {request_id: [list(entry) for entry in entries] for request_id, entries in self.pending.items()},
+            "unbuilt": list(self._unbuilt), "shipped": list(self.shipped),
+            "builds": self.builds, "outputs": self.outputs,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         pending: Mapping[str, list[list[int]]] = state["pending"]
-        self._pending = {request_id: [list(entry) for entry in entries] for request_id, entries in pending.items()}
+        self.pending = {request_id: [list(entry) for entry in entries] for request_id, entries in pending.items()}
         self._unbuilt = [tuple(item) for item in state["unbuilt"]]
-        self._shipped = [tuple(item) for item in state["shipped"]]
-        self._builds = state["builds"]
-        self._outputs = state["outputs"]
+        self.shipped = [tuple(item) for item in state["shipped"]]
+        self.builds = state["builds"]
+        self.outputs = state["outputs"]
 
 
 def unfilled_masked(block_ids: Any, first: int, spec: KVSpec | None, single: bool) -> Any:

@@ -19,7 +19,7 @@ from capkv.composite._completion import DroppedReports, ReceiveTracker, SendTrac
 from capkv.composite._fanout import TOLD, Failures, failure
 from capkv.composite._finish import Finisher
 from capkv.composite._metadata import Book, MultiConnectorMetadata, MultiWorkerMetadata
-from capkv.composite._native import native_calls
+from capkv.composite._native import PassOutput, native_calls
 from capkv.composite._plan import Plan
 from capkv.composite._settling import LoadSettling
 from capkv.contracts._connector import KVConnector
@@ -33,10 +33,10 @@ __all__ = ["UNSET", "ForeignLoads", "NativeStack", "StackState"]
 ForeignLoads = Callable[[Request, int, int, bool], None]
 """A child's ``loaded_elsewhere`` (see :class:`~capkv.contracts._tiers.KnowsForeignLoads`)."""
 NativeStack = tuple[
-    tuple[Callable[[Any, Any, int], None], ...], tuple[Callable[[Any], None], ...], str, str, str
+    tuple[Callable[[Any, Any, int], None], ...], tuple[Callable[[Any], None], ...], str, PassOutput
 ]
-"""Every child's own ``update_state_after_alloc`` and ``update_connector_output``, and the carriers'
-attributes (engine blocks, engine output, its worker-metadata field): see :mod:`capkv.composite._native`."""
+"""Every child's own ``update_state_after_alloc`` and ``update_connector_output``, the attribute carrying
+the engine's blocks, and the adapter's function passing the engine's output: see :mod:`capkv.composite._native`."""
 
 _M = TypeVar("_M", MultiConnectorMetadata, MultiWorkerMetadata)
 UNSET: Any = object()
@@ -91,8 +91,9 @@ class StackState(StackNode):
     _active: tuple[KVConnector, ...]
     _plans: dict[str, Plan]
     _slicing: tuple[bool, ...]
-    _asked: tuple[tuple[KVConnector, bool], ...]
-    """Each child with whether it loads slices: how ``get_num_new_matched_tokens`` asks it."""
+    _asked: tuple[tuple[Callable[[Request, int], Any], bool, int], ...]
+    """Each child's ``get_num_new_matched_tokens`` (bound once, as the finishers are), whether it loads slices
+    (how it is asked), and its index."""
     _native: NativeStack | None
     """The children's own members and the carriers of the engine's objects, when every child takes them."""
     _foreign: tuple[ForeignLoads | None, ...]
@@ -137,12 +138,15 @@ class StackState(StackNode):
         self._names = names
         self._plans = {}
         self._slicing = tuple(loads_slices(child) for child in children)
-        self._asked = tuple(zip(children, self._slicing, strict=True))
+        self._asked = tuple(
+            (child.get_num_new_matched_tokens, slicing, index)
+            for index, (child, slicing) in enumerate(zip(children, self._slicing, strict=True))
+        )
         natives = native_calls(children)
         self._native = None if natives is None else (
             tuple(n.update_state_after_alloc for n in natives),
             tuple(n.update_connector_output for n in natives),
-            natives[0].blocks, natives[0].output, natives[0].worker_meta,
+            natives[0].blocks, natives[0].pass_output,
         )
         self._foreign = tuple(
             child.loaded_elsewhere if isinstance(child, KnowsForeignLoads) else None for child in children

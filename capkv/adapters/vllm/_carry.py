@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Mapping as Mapping  # dev mode resolves the inherited fields' hints here
 from dataclasses import dataclass
-from typing import Final, Literal, overload
+from typing import Any, Final, Literal, overload
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
+from capkv.composite._fanout import Failures
+from capkv.composite._native import NOT_CARRIED, NotCarried
 from capkv.contracts._engine import BlockIds, KVConnectorOutput, LoadErrors
 from capkv.contracts._engine import WorkerMetadata as WorkerMetadata  # as above
 from capkv.errors import ContractError
@@ -28,6 +30,7 @@ __all__ = [
     "VllmOutputCarrier",
     "attribute_load_errors",
     "block_ids_from_vllm",
+    "pass_output",
 ]
 
 VLLM_NULL_BLOCK_ID: Final = 0
@@ -119,3 +122,41 @@ def attribute_load_errors(
             )
         errors.setdefault(group, set()).add(block_id)
     return errors
+
+
+def pass_output(
+    calls: tuple[Callable[[Any], None], ...], output: Any, shares: tuple[Any, ...] | None
+) -> Failures | None | Literal[NotCarried.NOT_CARRIED]:
+    """A stack's wrapped vLLM children take the vLLM output carried in ``output``, each its own member, with
+    its share of the worker metadata in ``kv_connector_worker_meta`` for the call (as vLLM's MultiConnector
+    sets it); the field holds what it held before once the calls are done, or one raised."""
+    try:
+        carried: VllmKVConnectorOutput | None = output.vllm_output
+    except AttributeError:
+        return NOT_CARRIED
+    if carried is None:
+        return NOT_CARRIED
+    failures: Failures | None = None
+    index = 0
+    saved = carried.kv_connector_worker_meta
+    if shares is None:
+        if saved is None:  # nothing to set: vLLM's output as it is
+            for call in calls:
+                try:
+                    call(carried)
+                except Exception as exc:
+                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+                index += 1
+            return failures
+        shares = (None,) * len(calls)
+    try:
+        for call, share in zip(calls, shares):
+            carried.kv_connector_worker_meta = share
+            try:
+                call(carried)
+            except Exception as exc:
+                failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
+            index += 1
+    finally:
+        carried.kv_connector_worker_meta = saved
+    return failures

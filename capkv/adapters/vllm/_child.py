@@ -43,6 +43,7 @@ from capkv.adapters.vllm._carry import (
     PPHandshakes,
     VllmBlockIds,
     attribute_load_errors,
+    pass_output,
 )
 from capkv.capabilities._hma import StackNode
 from capkv.composite._native import NativeCalls
@@ -155,10 +156,7 @@ class VllmChild(Generic[_V]):
     def native_calls(self) -> NativeCalls:
         """The connector's own members, for a stack whose arguments carry vLLM's objects (the host's do):
         it unwraps them once per call instead of once per child (see :mod:`capkv.composite._native`)."""
-        return NativeCalls(
-            self._allocated, self._output, blocks="kv_cache_blocks", output="vllm_output",
-            worker_meta="kv_connector_worker_meta",
-        )
+        return NativeCalls(self._allocated, self._output, blocks="kv_cache_blocks", pass_output=pass_output)
 
     @property
     def wrapped(self) -> _V:
