@@ -99,6 +99,10 @@ class Faults:
         self.raising: frozenset[str] = frozenset()
         self.fired: int = 0
         """Values damaged and calls failed so far."""
+        self.puts: int = 0
+        """``put`` calls returned (or raised) so far."""
+        self.putting: int = 0
+        """``put`` calls under way (a store's writer threads)."""
         self._spare: dict[int, bytes] = {}
         self._lock = threading.Lock()
         _BUILT.append(self)
@@ -147,8 +151,15 @@ class Faults:
         return read
 
     def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> Sequence[bool]:
-        self._raise("put")
-        return self.inner.put(items)
+        with self._lock:
+            self.putting += 1
+        try:
+            self._raise("put")
+            return self.inner.put(items)
+        finally:
+            with self._lock:
+                self.putting -= 1
+                self.puts += 1
 
     def delete(self, keys: Sequence[StoreKey], /) -> None:
         self.inner.delete(keys)
@@ -174,6 +185,11 @@ def disarm() -> None:
 
 def fired() -> int:
     return sum(f.fired for f in _BUILT)
+
+
+def puts() -> tuple[int, int]:
+    """``put`` calls done and under way, over every wrapper."""
+    return sum(f.puts for f in _BUILT), sum(f.putting for f in _BUILT)
 
 
 def forget() -> None:

@@ -65,6 +65,8 @@ MAX_STEPS = 400
 """Steps one serve may take (a prompt needs about MAX_TOKENS + 2)."""
 REQUEST_TIMEOUT_S = 60.0
 """Wall time one serve may take before it counts as a hang."""
+SAVE_WAIT_S = 10.0
+"""How long a round waits for the first serve's saves to land (then it goes on: a miss is a fault too)."""
 ROUND_WATCHDOG_S = 180.0
 """A round blocked in one call this long is a hang (SIGALRM)."""
 POLICIES = ("recompute", "fail")
@@ -190,8 +192,8 @@ class Engine:
         scheduled with a hit."""
         request_id = self.add(prompt)
         self.engine.step()
-        request = self.core.scheduler.requests.get(request_id)
-        hit = request is not None and request.num_computed_tokens > 0
+        held = list(self.core.scheduler.requests.values())  # vLLM may key it by an internal id
+        hit = any(r.num_computed_tokens > 0 or r.status.name == "WAITING_FOR_REMOTE_KVS" for r in held)
         self.engine.abort_request([request_id])
         self.drain()
         return hit
@@ -206,6 +208,20 @@ class Engine:
             if time.monotonic() > deadline:
                 break
         raise Hang(f"the engine still holds requests after {MAX_STEPS} steps or {REQUEST_TIMEOUT_S:.0f} s")
+
+    def saved(self, before: int) -> None:
+        """Wait (bounded) for the saves the last serve queued: ``put`` calls past ``before``, none under way,
+        and no new one for a while (a store's writers save in the background)."""
+        deadline = time.monotonic() + SAVE_WAIT_S
+        last, quiet = -1, 0
+        while time.monotonic() < deadline:
+            done, running = faults.puts()
+            if done > before and running == 0:
+                quiet = quiet + 1 if done == last else 0
+                if quiet >= 4:
+                    return
+            last = done
+            time.sleep(0.05)
 
     def forget_local(self) -> None:
         self.llm.reset_prefix_cache()
@@ -261,8 +277,9 @@ class Campaign:
     tallies: dict[tuple[str, str, str], Tally] = field(default_factory=lambda: defaultdict(Tally))
 
     def check(self, tally: Tally, engine: Engine, prompt: list[int], output: Output, policy: str, failed_before: float,
-              label: str) -> None:
-        """One served output against the reference and the policy."""
+              label: str, *, save: bool = False) -> None:
+        """One served output against the reference and the policy (``save``: the round's first serve, which
+        computes the prompt: not counted as recomputed or loaded)."""
         tally.checked += 1
         load_failed = engine.counter("failed_blocks") > failed_before
         if output.reason == "error":
@@ -276,7 +293,9 @@ class Campaign:
             tally.notes.append(f"{label}: tokens {output.tokens} != reference {self.reference[tuple(prompt)]} "
                                f"(cached {output.cached}, reason {output.reason})")
             return
-        if output.cached >= 3 * BLOCK:
+        if save:
+            pass
+        elif output.cached >= 3 * BLOCK:
             tally.loaded += 1
         else:
             tally.recomputed += 1
@@ -314,8 +333,12 @@ class Campaign:
                     faults.SwitchFaulty.armed = ""
                     self.repair(tier, root)
         finally:
-            with watchdog(ROUND_WATCHDOG_S, f"{tier}/{policy}: shutting the engine down"):
-                engine.close()
+            try:
+                with watchdog(ROUND_WATCHDOG_S, f"{tier}/{policy}: shutting the engine down"):
+                    engine.close()
+            except Exception as error:  # noqa: BLE001 (the store raises the injected failures it kept, by design)
+                self.tallies[(tier, "(shutdown)", policy)].notes.append(
+                    f"{tier}/{policy}: shutdown raised {type(error).__name__}: {str(error).splitlines()[0]}")
             shutil.rmtree(root, ignore_errors=True)
 
     def repair(self, tier: str, root: Path) -> None:
@@ -329,7 +352,10 @@ class Campaign:
         child_only = tier.startswith("faulty")
         if kind.startswith(("raise:", "fail_load:")):
             if "+" in tier:  # the composed store saves the prompt first, honestly
-                self.check(tally, engine, prompt, engine.serve(prompt), policy, engine.counter("failed_blocks"), label + " save")
+                puts = faults.puts()[0]
+                self.check(tally, engine, prompt, engine.serve(prompt), policy, engine.counter("failed_blocks"),
+                           label + " save", save=True)
+                engine.saved(puts)
             engine.forget_local()
             faults.SwitchFaulty.armed = kind
             tally.faults += 1
@@ -339,8 +365,9 @@ class Campaign:
         if kind == "io:put":
             faults.arm(raising=["put"])
             tally.faults += 1
-        before = engine.counter("failed_blocks")
-        self.check(tally, engine, prompt, engine.serve(prompt), policy, before, label + " save")
+        before, puts = engine.counter("failed_blocks"), faults.puts()[0]
+        self.check(tally, engine, prompt, engine.serve(prompt), policy, before, label + " save", save=True)
+        engine.saved(puts)
         engine.forget_local()
         if kind in faults.DAMAGES:
             faults.arm(damage_kind=kind)
@@ -349,7 +376,7 @@ class Campaign:
         elif kind == "io:put":
             faults.disarm()
         elif kind == "rmdir":
-            shutil.rmtree(root)
+            remove(root)
         elif kind == "kill":
             self.server.kill()
         elif kind == "abort":
@@ -361,6 +388,16 @@ class Campaign:
             tally.faults += 1
         before = engine.counter("failed_blocks")
         self.check(tally, engine, prompt, engine.serve(prompt), policy, before, label)
+
+
+def remove(root: Path) -> None:
+    """Remove the store's directory, though its writers may be adding files to it meanwhile (bounded)."""
+    for _ in range(50):
+        shutil.rmtree(root, ignore_errors=True)
+        if not root.exists():
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"could not remove {root}")
 
 
 def report(tallies: Mapping[tuple[str, str, str], Tally], seconds: float) -> int:
@@ -394,10 +431,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="a few scenarios, each kind once (a few minutes)")
     parser.add_argument("--repeats", type=int, default=None, help="passes over each scenario's kinds (default 1)")
+    parser.add_argument("--only", action="append", default=[], metavar="TIER/POLICY",
+                        help=f"run only this scenario (repeatable; tiers: {', '.join(TIERS)})")
+    parser.add_argument("--kinds", default="", help="comma-separated fault kinds to keep (default: all)")
     args = parser.parse_args()
     began = time.monotonic()
     repeats = args.repeats or 1
     scenarios = list(SHORT) if args.short else [(tier, policy) for tier in TIERS for policy in POLICIES]
+    if args.only:
+        scenarios = [tuple(only.split("/", 1)) for only in args.only]  # type: ignore[misc]
+    if args.kinds:
+        keep = set(args.kinds.split(","))
+        for tier in TIERS:
+            TIERS[tier] = tuple(kind for kind in TIERS[tier] if kind in keep)
     work = Path(tempfile.mkdtemp(prefix="capkv-faults-"))
     server: Any = None
     try:
