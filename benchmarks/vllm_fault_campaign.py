@@ -161,21 +161,23 @@ class Engine:
             kv_transfer_config=dict(kv_transfer_config) if kv_transfer_config is not None else None,
         )
         self.params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+        self.filler_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        self.fillers = iter(random_prompts(10_000, BLOCK // 2, seed=99))
         self.engine = self.llm.llm_engine
         self.core = self.engine.engine_core.engine_core
         self.count = 0
 
-    def add(self, prompt: Sequence[int]) -> str:
+    def add(self, prompt: Sequence[int], params: Any = None) -> str:
         from vllm.inputs import TokensPrompt
 
         self.count += 1
         request_id = f"r{self.count}"
-        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), self.params)
+        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params or self.params)
         return request_id
 
-    def serve(self, prompt: Sequence[int]) -> Output:
+    def serve(self, prompt: Sequence[int], *, filler: bool = False) -> Output:
         """Serve ``prompt`` to its end, then drain the connector's work; :class:`Hang` past the bounds."""
-        request_id = self.add(prompt)
+        request_id = self.add(prompt, self.filler_params if filler else self.params)
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         for _ in range(MAX_STEPS):
             for out in self.engine.step():
@@ -211,17 +213,19 @@ class Engine:
 
     def saved(self, before: int) -> None:
         """Wait (bounded) for the saves the last serve queued: ``put`` calls past ``before``, none under way,
-        and no new one for a while (a store's writers save in the background)."""
+        and no new one for a while. A store gathers a finished request's blocks in a later step, and an
+        engine with no request does not step: short filler prompts (no full block: nothing to save) step it."""
         deadline = time.monotonic() + SAVE_WAIT_S
         last, quiet = -1, 0
         while time.monotonic() < deadline:
             done, running = faults.puts()
             if done > before and running == 0:
                 quiet = quiet + 1 if done == last else 0
-                if quiet >= 4:
+                if quiet >= 3:
                     return
             last = done
-            time.sleep(0.05)
+            self.serve(next(self.fillers), filler=True)
+            time.sleep(0.02)
 
     def forget_local(self) -> None:
         self.llm.reset_prefix_cache()
@@ -232,9 +236,17 @@ class Engine:
         return _counted(stats, name)
 
     def close(self) -> None:
-        self.engine.engine_core.shutdown()
-        del self.llm, self.engine, self.core
-        gc.collect()
+        """Shut the engine down. When the connector's shutdown raises (a store raises the failures it kept),
+        vLLM leaves its worker-side connector registered, and the next engine in this process would reuse
+        it: it is forgotten here, whatever happened."""
+        try:
+            self.engine.engine_core.shutdown()
+        finally:
+            from vllm.distributed.kv_transfer import kv_transfer_state
+
+            kv_transfer_state._KV_CONNECTOR_AGENT = None  # noqa: SLF001
+            del self.llm, self.engine, self.core
+            gc.collect()
 
 
 def _counted(stats: object, name: str) -> float:
