@@ -442,13 +442,13 @@ def report(tallies: Mapping[tuple[str, str, str], Tally], seconds: float) -> int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="a few scenarios, each kind once (a few minutes)")
-    parser.add_argument("--repeats", type=int, default=None, help="passes over each scenario's kinds (default 1)")
+    parser.add_argument("--repeats", type=int, default=None, help="passes over each scenario's kinds (default: 2, --short 1)")
     parser.add_argument("--only", action="append", default=[], metavar="TIER/POLICY",
                         help=f"run only this scenario (repeatable; tiers: {', '.join(TIERS)})")
     parser.add_argument("--kinds", default="", help="comma-separated fault kinds to keep (default: all)")
     args = parser.parse_args()
     began = time.monotonic()
-    repeats = args.repeats or 1
+    repeats = args.repeats or (1 if args.short else 2)
     scenarios = list(SHORT) if args.short else [(tier, policy) for tier in TIERS for policy in POLICIES]
     if args.only:
         scenarios = [tuple(only.split("/", 1)) for only in args.only]  # type: ignore[misc]
