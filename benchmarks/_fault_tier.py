@@ -105,6 +105,7 @@ class Faults:
         """``put`` calls under way (a store's writer threads)."""
         self._spare: dict[int, bytes] = {}
         self._lock = threading.Lock()
+        self.raising = frozenset(RAISE_FROM_THE_START)
         _BUILT.append(self)
 
     def __getattr__(self, name: str) -> Any:
@@ -168,6 +169,9 @@ class Faults:
         self.inner.close()
 
 
+RAISE_FROM_THE_START: set[str] = set()
+"""Members every wrapper built from now on raises in from its construction (until disarmed)."""
+
 _BUILT: list[Faults] = []
 """Every wrapper built in this process (the campaign forgets them per engine)."""
 
@@ -194,6 +198,7 @@ def puts() -> tuple[int, int]:
 
 def forget() -> None:
     _BUILT.clear()
+    RAISE_FROM_THE_START.clear()
     SwitchFaulty.armed = ""
 
 
@@ -226,9 +231,9 @@ class FaultCPUOffloadConnector(CPUOffloadConnector):
         super().__init__(spec, **options)
         pool = self.memory
         faults = Faults(_PoolMembers(pool.contains, pool.get, pool.put, pool.delete, pool.close))
-        pool.contains = faults.contains  # type: ignore[method-assign]
+        pool.contains = faults.contains  # type: ignore[method-assign,assignment]
         pool.get = faults.get  # type: ignore[method-assign,assignment]
-        pool.put = faults.put  # type: ignore[method-assign]
+        pool.put = faults.put  # type: ignore[method-assign,assignment]
         pool.get_into = faults.get_into  # type: ignore[method-assign]
         self.faults = faults
 

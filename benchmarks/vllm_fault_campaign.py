@@ -451,7 +451,7 @@ def main() -> int:
     repeats = args.repeats or (1 if args.short else 2)
     scenarios = list(SHORT) if args.short else [(tier, policy) for tier in TIERS for policy in POLICIES]
     if args.only:
-        scenarios = [tuple(only.split("/", 1)) for only in args.only]  # type: ignore[misc]
+        scenarios = [(only.split("/", 1)[0], only.split("/", 1)[-1]) for only in args.only]
     if args.kinds:
         keep = set(args.kinds.split(","))
         for tier in TIERS:
@@ -466,7 +466,7 @@ def main() -> int:
         else:
             print(f"Redis tiers skipped: {MISSING}")
         model = write_model(work / "model")
-        rounds = sum(len(TIERS[tier]) * repeats * 2 for tier, _ in scenarios)  # a generous upper bound
+        rounds = sum(len(TIERS[tier]) * repeats for tier, _ in scenarios)  # a fresh prompt per round
         all_prompts = random_prompts(rounds, PROMPT_LEN, seed=24)
         reference_engine = Engine(model, None)
         reference: dict[tuple[int, ...], list[int]] = {}
