@@ -167,8 +167,11 @@ class Streams:
         for _ in range(MAX_ARRIVAL_STEPS):
             outputs = self.step(label)
             ended = time.perf_counter()
-            request = self.scheduler.requests.get(request_id)
-            waited |= request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            waited |= any(  # vLLM may suffix the id it schedules under ("<id>-<random>")
+                status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                for rid, status in ((rid, r.status) for rid, r in self.scheduler.requests.items())
+                if rid == request_id or rid.startswith(request_id + "-")
+            )
             mine = [out for out in outputs if out.request_id == request_id and out.outputs[0].token_ids]
             if mine:
                 if label is not None:

@@ -31,6 +31,7 @@ vLLM turns HMA off (one group) and any stack serves.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterable
 from typing import Any, ClassVar, cast
 
@@ -70,6 +71,8 @@ from capkv.devmode._instrument import instrument
 from capkv.errors import ConflictError, FinishError, MetadataError, SubConnectorError
 
 __all__ = ["CapkvConnector", "CapkvHMAConnector"]
+
+_log = logging.getLogger("capkv.vllm")
 
 
 class CapkvConnector(ClassLevelMembers, WorkerMembers, StatsMembers):
@@ -242,7 +245,13 @@ class CapkvConnector(ClassLevelMembers, WorkerMembers, StatsMembers):
     # ---- both sides --------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        self.stack.shutdown()
+        """Shut the stack down. What it raises (failures its stores kept: background saves that failed)
+        is logged on ``capkv.vllm``, never raised: vLLM forgets its worker connector only when
+        ``shutdown`` returns, and a connector it kept would be the next in-process engine's."""
+        try:
+            self.stack.shutdown()
+        except Exception:  # noqa: BLE001 (reported above; the engine is going away)
+            _log.exception("%s.shutdown: the stack raised while shutting down (logged, not raised into vLLM)", type(self).__name__)
 
 class CapkvHMAConnector(CapkvConnector, SupportsHMA):
     """A capkv stack inside vLLM with its hybrid allocator on: every child must be HMA-capable."""
