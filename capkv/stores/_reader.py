@@ -27,12 +27,16 @@ from typing import TYPE_CHECKING
 
 from capkv.stores._backend import Backend
 from capkv.stores._loading import Chunk, LoadOutcome, load_chunks
-from capkv.stores._staging import StagingRing
+from capkv.stores._staging import DEFAULT_CHUNK_BYTES, StagingRing
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
     import capkv.transfer._copier
 
-__all__ = ["BackgroundLoads", "FinishedLoad"]
+__all__ = ["BackgroundLoads", "FinishedLoad", "READER_CHUNK_BYTES"]
+
+READER_CHUNK_BYTES = 4 * DEFAULT_CHUNK_BYTES
+"""Bytes per chunk of a background load: off the step, the backend's round trips (one read call per
+chunk: a disk seek, a network round trip) cost more than checking bytes that left the CPU's cache."""
 
 
 @dataclass(frozen=True)
@@ -68,13 +72,21 @@ class BackgroundLoads:
         """Read, check and scatter ``chunks`` (step ``step``'s loads of ``requests``) on the reader thread."""
         future: Future[LoadOutcome] | None = None
         if chunks:
-            ring = self._ring
-            if ring is None:
-                ring = self._ring = StagingRing(lambda nbytes: copier.host_rows(1, nbytes)[0])
+            ring = self.ring(copier)
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"capkv-{self._owner}-reader")
             future = self._pool.submit(self._load, list(chunks), copier, ring)
         self._started.append(_Started(step, requests, future))
+
+    def ring(self, copier: capkv.transfer._copier.BlockCopier) -> StagingRing:
+        """The reader's own staging rows (made with the KV cache's copier: pinned on CUDA), in
+        :data:`READER_CHUNK_BYTES` chunks; plan the loads' chunks with it."""
+        ring = self._ring
+        if ring is None:
+            ring = self._ring = StagingRing(
+                lambda nbytes: copier.host_rows(1, nbytes)[0], chunk_nbytes=READER_CHUNK_BYTES
+            )
+        return ring
 
     def _load(
         self, chunks: list[Chunk], copier: capkv.transfer._copier.BlockCopier, ring: StagingRing

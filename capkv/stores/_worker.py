@@ -231,7 +231,7 @@ class StoreWorker:
                 handle.stream_wait()
         if receiving:
             copier = self.copier("start_load_kv")
-            chunks = plan_chunks(later, self.store_key, self._sizes, self._staging_ring(copier))
+            chunks = plan_chunks(later, self.store_key, self._sizes, self._reader.ring(copier))
             self._reader.start(metadata.step, receiving, chunks, copier)
         self._ran_through = metadata.step  # stream-ordered: the engine reads them after this
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from benchmarks import _fault_tier as faults
 from tests.vllm.engine import serve
 from tests.vllm.model import prompts
