@@ -19,7 +19,7 @@ A block is stored under a :class:`~capkv.stores.StoreKey` made of
 4. the **memory layout and shard** of the bytes (the worker's fingerprint:
    dtype, the order and sizes of a block's runs in the registered KV cache,
    and its tensor- and pipeline-parallel rank and size,
-   :func:`~capkv.stores._worker.layout_fingerprints`): ``StoreKey.layout``.
+   :func:`~capkv.stores._fingerprint.layout_fingerprints`): ``StoreKey.layout``.
    Each worker stores and loads its own shard's values only, and the
    scheduler side offers a block only when every shard's value is there.
 
@@ -48,7 +48,7 @@ only: the encoding is injective. The digests it frames:
   ((identifier, offset from the block's start, length) of each multimodal item
   it overlaps, ...), (the prompt-embedding digest of each of its positions that
   has one, ...))``;
-- the layout fingerprint (:func:`~capkv.stores._worker.layout_fingerprints`):
+- the layout fingerprint (:func:`~capkv.stores._fingerprint.layout_fingerprints`):
   ``("capkv.layout.v3", value format version, dtype, per layer (run bytes,
   inner dims, outer dims), (tp rank, tp size, pp rank, pp size))`` — the value
   format version (:data:`~capkv.stores._value.FORMAT_VERSION`) is in it, so a

@@ -117,11 +117,6 @@ class BackgroundLoads:
         """The first step whose loads have not been handed back, or ``None``."""
         return self._started[0].step if self._started else None
 
-    @property
-    def receiving(self) -> frozenset[str]:
-        """The requests whose load has not been handed back."""
-        return frozenset(request for started in self._started for request in started.requests)
-
     def wait(self) -> None:
         """Until every started load is over (their outcomes stay, for :meth:`take_finished`)."""
         for started in self._started:

@@ -1,27 +1,21 @@
 """The worker side of a store: run the metadata's loads and saves against a backend.
 
-Loads run first, in ``start_load_kv``: the blocks the step loads are read from
-the backend chunk by chunk into reused host rows (straight into them when the
-backend can, see :class:`~capkv.stores._backend.ReadsInto`), checked while hot
-(the value must be this key's, of this layout and shard, whole, with a matching
-checksum) and scattered into the engine's blocks (:mod:`capkv.stores._loading`);
-the engine's stream is ordered after them before any layer computes. A damaged value (any byte of
-it: layout and format version are in its key, so nothing under this key is anyone else's) is deleted
-from the backend and, like a missing one, is a load error of its group; both are reported lost
-(``SaveReport.lost``), so the scheduler side stops offering them and may save the key again.
+Loads run in ``start_load_kv`` (a slow backend's on the reader thread instead:
+:mod:`capkv.stores._reader`): read chunk by chunk into reused host rows, checked
+while hot (this key's value, of this layout and shard, whole, its checksum) and
+scattered into the engine's blocks (:mod:`capkv.stores._loading`). A damaged value
+is deleted from the backend and, like a missing one, is a load error of its group;
+both are reported lost (``SaveReport.lost``), so the scheduler side stops offering
+them and may save the key again.
 
-Saves gather the engine's blocks into host rows (header space first) and hand
-them to the :class:`~capkv.stores._writer.Writer`, which seals and puts them.
-Saves of finished requests (whose blocks the engine holds) start in
-``start_load_kv``; a request is reported in ``get_finished``'s sending set once
-every copy out of its blocks has completed, and only then may the engine free
-them. Saves of the blocks a step filled start in ``wait_for_save``, after the
-forward pass; the engine's stream is ordered after their copies (on CPU they
-are done on return), so no request is held for them. A request whose load
-failed this step saves nothing this step (its later blocks were computed on KV
-it never got); those keys are reported failed, so they can be saved once
-recomputed. Each save's outcome, stored or failed, goes back to the scheduler
-side in the worker metadata (:class:`~capkv.stores._metadata.SaveReport`).
+Saves gather the engine's blocks into host rows and hand them to the
+:class:`~capkv.stores._writer.Writer`. A finished request's saves start in
+``start_load_kv`` and the request is reported in ``get_finished``'s sending set
+once every copy out of its blocks has completed; the saves of the blocks a step
+filled start in ``wait_for_save``, the engine's stream ordered after their copies.
+A request whose load failed this step saves nothing this step (its later blocks
+were computed on KV it never got): those keys are reported failed, saveable once
+recomputed. Every save's outcome goes back in the worker metadata (``SaveReport``).
 """
 
 from __future__ import annotations
@@ -34,13 +28,15 @@ from capkv.contracts._engine import LoadErrors
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.stores._backend import Backend, StoreKey
-from capkv.stores._checksum import block_identity, payload_checksums
-from capkv.stores._keys import BlockKey, framed_digest
+from capkv.stores._keys import BlockKey
 from capkv.stores._loading import LoadOutcome, load_chunks, plan_chunks
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
 from capkv.stores._reader import BackgroundLoads
 from capkv.stores._staging import RowCache, StagingRing
-from capkv.stores._value import FORMAT_VERSION, HEADER_SIZE, LAYOUT_SIZE
+from capkv.stores._failures import raise_failures
+from capkv.stores._gathering import gather_checksummed
+from capkv.stores._fingerprint import layout_fingerprints
+from capkv.stores._value import HEADER_SIZE
 from capkv.stores._writer import DEFAULT_BATCH_BYTES, SaveJob, Writer
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
@@ -49,37 +45,7 @@ if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
     import capkv.transfer._copier
     import capkv.transfer._handle
 
-__all__ = ["StoreWorker", "layout_fingerprints", "raise_failures"]
-
-
-def layout_fingerprints(spec: KVSpec, copier: capkv.transfer._copier.BlockCopier) -> tuple[bytes, ...]:
-    """Per group, what fixes the meaning of a stored block's bytes: the dtype, the order and sizes of
-    the block's runs in the registered KV cache, and which shard of the model's KV cache they are
-    (tensor- and pipeline-parallel rank and size: ``spec.shard``) — and the value format version, so
-    values of another layout or format are other keys (capkv/stores/_keys.py says the encoding)."""
-    shard = spec.shard
-    where = (shard.tp_rank, shard.tp_size, shard.pp_rank, shard.pp_size)
-    return tuple(
-        framed_digest(("capkv.layout.v3", FORMAT_VERSION, str(spec.dtype), group.signature, where), size=LAYOUT_SIZE)
-        for group in copier.layout.groups
-    )
-
-
-def raise_failures(owner: str, failures: list[BaseException], dropped: int, *, reads: int = 0) -> None:
-    """Raise kept failures (the first ``reads`` of them from loads, the rest background writes): one as
-    it is, several as an ``ExceptionGroup``."""
-    if not failures:
-        return
-    if len(failures) == 1 and not dropped:
-        raise failures[0]
-    writes = len(failures) - reads + dropped
-    what = " and ".join(
-        part for part in (f"{reads} reads" if reads else "", f"{writes} background writes" if writes else "") if part
-    )
-    raise ExceptionGroup(
-        f"{owner}: {what} failed" + (f" ({dropped} more not kept)" if dropped else ""),
-        [e if isinstance(e, Exception) else RuntimeError(repr(e)) for e in failures],
-    )
+__all__ = ["StoreWorker"]
 
 
 class StoreWorker:
@@ -91,12 +57,7 @@ class StoreWorker:
     """
 
     def __init__(
-        self,
-        spec: KVSpec,
-        backend: Backend,
-        *,
-        owner: str,
-        background: bool | None = True,
+        self, spec: KVSpec, backend: Backend, *, owner: str, background: bool | None = True,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
     ) -> None:
         self._spec = spec
@@ -119,10 +80,7 @@ class StoreWorker:
         self._failed: set[BlockKey] = set()
         self._errors: LoadErrors = {}
         self._counts: Counter[str] = Counter()
-        self._ran_through = 0
-        """The last step whose loads were run or started."""
-        self._reported_through = 0
-        """The ``loaded_through`` last reported."""
+        self._ran_through = self._reported_through = 0  # steps whose loads ran or started; last reported
         self._reader = BackgroundLoads(backend, owner=owner)
         """The loads of requests the scheduler side answered ``load_async`` for (``StoreMetadata.receiving``)."""
         self._load_failed: set[str] = set()
@@ -258,11 +216,6 @@ class StoreWorker:
             received |= finished.requests
         return received or None
 
-    @property
-    def receiving(self) -> frozenset[str]:
-        """Requests whose asynchronous load is not reported over yet."""
-        return self._reader.receiving
-
     def _row_cache(self, copier: capkv.transfer._copier.BlockCopier) -> RowCache:
         """The host rows saves are gathered into (pinned on CUDA), reused once their write is over."""
         cache = self._rows
@@ -327,25 +280,11 @@ class StoreWorker:
         cache = self._row_cache(copier)
         rows, buffer = cache.rows(count, size)
         keys = [self.store_key(key) for key in move.keys]
-        checksums: list[bytes] | None = None
         if copier.device.type == "cpu" and not writer.background:
-            from capkv.transfer._handle import all_of  # noqa: PLC0415 (with the KV cache)
-
-            checksums = []
-            handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
             step = self._staging_ring(copier).rows_per_chunk(size)
-            for start in range(0, count, step):
-                stop = min(count, start + step)
-                handle = copier.gather(move.group, move.block_ids[start:stop], rows[start:stop, HEADER_SIZE:])
-                handles.append(handle)
-                if checksums is not None and handle.done():
-                    identities = [block_identity(key.block, key.layout) for key in keys[start:stop]]
-                    checksums += payload_checksums(rows[start:stop, HEADER_SIZE:], identities)
-                else:
-                    checksums = None  # a copy still running: the writer checksums once it is over
-            copied = all_of(handles)
+            copied, checksums = gather_checksummed(copier, move.group, move.block_ids, rows, keys, step)
         else:
-            copied = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:])
+            copied, checksums = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:]), None
         job = SaveJob(keys, rows, copied, checksums=checksums, release=lambda: cache.give(buffer))
         self._landing.append((move, job))
         writer.submit(job)

@@ -35,7 +35,7 @@ def test_a_namespace_cannot_pin_every_key_to_one_cluster_slot() -> None:
 
 
 def test_every_memory_layout_has_its_own_fingerprint() -> None:
-    from capkv.stores._worker import layout_fingerprints
+    from capkv.stores._fingerprint import layout_fingerprints
     from capkv.transfer import BlockCopier
     from tests.paged import LAYOUTS, empty_caches
 

@@ -33,7 +33,7 @@ from capkv.contracts._key_inputs import request_key_inputs
 from capkv.stores import StoreKey
 from capkv.stores._keys import PrefixHasher, RequestKeys, frame, framed_digest
 from capkv.stores._value import HEADER_SIZE
-from capkv.stores._worker import layout_fingerprints
+from capkv.stores._fingerprint import layout_fingerprints
 from capkv.testing import make_request
 from capkv.transfer import BlockCopier
 from tests.paged import Group, empty_caches, make_spec

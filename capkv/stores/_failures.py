@@ -1,0 +1,22 @@
+"""How a store raises the failures it kept: background writes and reads, raised once from ``flush``/``close``."""
+
+from __future__ import annotations
+
+__all__ = ["raise_failures"]
+
+
+def raise_failures(owner: str, failures: list[BaseException], dropped: int, *, reads: int = 0) -> None:
+    """Raise kept failures (the first ``reads`` of them from loads, the rest background writes): one as
+    it is, several as an ``ExceptionGroup``."""
+    if not failures:
+        return
+    if len(failures) == 1 and not dropped:
+        raise failures[0]
+    writes = len(failures) - reads + dropped
+    what = " and ".join(
+        part for part in (f"{reads} reads" if reads else "", f"{writes} background writes" if writes else "") if part
+    )
+    raise ExceptionGroup(
+        f"{owner}: {what} failed" + (f" ({dropped} more not kept)" if dropped else ""),
+        [e if isinstance(e, Exception) else RuntimeError(repr(e)) for e in failures],
+    )
