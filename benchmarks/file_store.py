@@ -184,7 +184,9 @@ class _StageTimers:
         self.seconds: dict[str, float] = {"read": 0.0, "check": 0.0, "scatter": 0.0}
         self._undo: list[tuple[object, str, object]] = []
         self._wrap(_loading._Reads, "next", "read")
+        self._wrap(_loading._Reads, "into_parts", "read")  # read in place, into the engine's blocks
         self._wrap(_loading, "check_memory", "check")
+        self._wrap(_loading, "check_parts", "check")
         self._wrap(BlockCopier, "scatter", "scatter")
         self._started = time.process_time()
 

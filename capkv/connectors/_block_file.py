@@ -139,23 +139,35 @@ def scan_pack(path: Path) -> Iterator[RecordHeader]:
             file.seek(offset)
 
 
-def read_values(descriptor: int, records: Sequence[RecordHeader], buffers: Sequence[memoryview]) -> list[int] | None:
+def read_values(
+    descriptor: int, records: Sequence[RecordHeader], buffers: Sequence[memoryview | Sequence[memoryview]]
+) -> list[int] | None:
     """Read records that lie back to back in an open pack, each whole value (header and payload) into
-    its buffer, in as few system calls as the OS allows; per record, how many of its bytes were read
-    (fewer than its value's length only where the pack ends before its index said — a read the OS
-    returned in parts is resumed, never short), or ``None`` when the pack is gone or unreadable."""
-    views = [buffer[: HEADER_SIZE + record.length] for record, buffer in zip(records, buffers, strict=True)]
-    wanted = sum(HEADER_SIZE + record.length for record in records)
+    its buffer — or its buffers, filled in order (a value read in parts: its header into the store's
+    rows, its payload straight into the engine's blocks) — in as few system calls as the OS allows; per
+    record, how many of its bytes were read (fewer than its value's length only where the pack ends
+    before its index said — a read the OS returned in parts is resumed, never short), or ``None`` when
+    the pack is gone or unreadable."""
+    views: list[memoryview] = []
+    sizes: list[int] = []
+    for record, buffer in zip(records, buffers, strict=True):
+        size = HEADER_SIZE + record.length
+        if isinstance(buffer, memoryview):
+            views.append(memoryview(buffer)[:size])
+        else:  # parts: their lengths add up to the value's (the caller sized them from its key)
+            views.extend(buffer)
+        sizes.append(size)
+    wanted = sum(sizes)
     try:
         got = _read_all(descriptor, views, records[0].offset, wanted)
     except OSError:
         return None
     if got == wanted:
-        return [len(view) for view in views]
+        return sizes
     counts: list[int] = []
-    for view in views:
-        counts.append(min(got, len(view)))
-        got = max(0, got - len(view))
+    for size in sizes:
+        counts.append(min(got, size))
+        got = max(0, got - size)
     return counts
 
 

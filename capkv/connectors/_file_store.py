@@ -112,6 +112,13 @@ class FileBackend:
         return [None if count is None else bytes(buffer[:count]) for buffer, count in zip(buffers, counts, strict=True)]
 
     def get_into(self, keys: Sequence[StoreKey], buffers: Sequence[memoryview], /) -> list[int | None]:
+        return self._get(keys, buffers)
+
+    def get_into_parts(self, keys: Sequence[StoreKey], parts: Sequence[Sequence[memoryview]], /) -> list[int | None]:
+        """Each value read with one ``preadv`` into its parts (runs of records saved together: one call)."""
+        return self._get(keys, parts)
+
+    def _get(self, keys: Sequence[StoreKey], buffers: Sequence[memoryview | Sequence[memoryview]]) -> list[int | None]:
         counts: list[int | None] = [None] * len(keys)
         opened: dict[str, int] = {}
         indices = list(range(len(keys)))
@@ -124,8 +131,8 @@ class FileBackend:
         return counts
 
     def _read_keys(
-        self, keys: Sequence[StoreKey], indices: list[int], buffers: Sequence[memoryview], counts: list[int | None],
-        opened: dict[str, int],
+        self, keys: Sequence[StoreKey], indices: list[int], buffers: Sequence[memoryview | Sequence[memoryview]],
+        counts: list[int | None], opened: dict[str, int],
     ) -> list[int]:
         """Read ``keys[i]`` into ``buffers[i]`` for each ``i`` in ``indices``; the indices whose pack was gone."""
         gone: list[int] = []
@@ -151,8 +158,8 @@ class FileBackend:
         return gone
 
     def _read_run(
-        self, run: list[tuple[int, str, RecordHeader]], buffers: Sequence[memoryview], counts: list[int | None],
-        opened: dict[str, int],
+        self, run: list[tuple[int, str, RecordHeader]], buffers: Sequence[memoryview | Sequence[memoryview]],
+        counts: list[int | None], opened: dict[str, int],
     ) -> list[int]:
         """Read one run; its indices if the pack is gone (forgotten: a miss, unless stored elsewhere too)."""
         name = run[0][1]

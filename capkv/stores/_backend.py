@@ -112,6 +112,18 @@ class ReadsInto(Protocol):
 
 
 @runtime_checkable
+class ReadsIntoParts(Protocol):
+    """An optional fast path past :class:`ReadsInto`: a backend that reads each value into several buffers
+    in order — the header into the store's, the payload straight into the engine's KV cache, run by run —
+    so a load copies its bytes once (a file's ``preadv``)."""
+
+    def get_into_parts(self, keys: Sequence[StoreKey], parts: Sequence[Sequence[memoryview]], /) -> Sequence[int | None]:
+        """Per key, how many bytes of its value were read into ``parts[i]`` (filled in order, ``key.nbytes``
+        in all), or ``None`` (a miss), as :meth:`ReadsInto.get_into` answers."""
+        ...
+
+
+@runtime_checkable
 class PinningBackend(Protocol):
     """An optional capability: a backend that can keep values from being evicted while a load is planned."""
 

@@ -38,7 +38,7 @@ from capkv.stores._keys import BlockKey
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CHECKSUM_SIZE", "block_identity", "checksum", "payload_checksums"]
+__all__ = ["CHECKSUM_SIZE", "block_identity", "checksum", "checksum_parts", "payload_checksums"]
 
 CHECKSUM_SIZE = 16
 """Bytes of a checksum in a value header."""
@@ -49,6 +49,15 @@ def checksum(payload: memoryview | bytes | bytearray, identity: bytes = b"") -> 
     same bytes under another identity have another checksum)."""
     seed = xxhash.xxh3_64_intdigest(identity) if identity else 0
     return xxhash.xxh3_128_digest(payload, seed)
+
+
+def checksum_parts(parts: Sequence[memoryview], identity: bytes = b"") -> bytes:
+    """:func:`checksum` of the concatenation of ``parts`` (XXH3 streams: the same digest, no copy)."""
+    seed = xxhash.xxh3_64_intdigest(identity) if identity else 0
+    state = xxhash.xxh3_128(seed=seed)
+    for part in parts:
+        state.update(part)
+    return state.digest()
 
 
 def block_identity(block: BlockKey, layout: bytes) -> bytes:

@@ -10,7 +10,11 @@ else copied from the values of one ``get`` for the whole step (one round trip)
 key, layout, length, checksum) while its bytes are still in the CPU's cache,
 and only the values that pass are scattered into the KV cache, in one batched
 copy per chunk. So a load passes over the bytes in memory as often as a plain
-read does, and a damaged value never reaches the KV cache.
+read does, and a damaged value never reaches the KV cache as KV: a backend that
+:class:`~capkv.stores._backend.ReadsIntoParts` (the file store) on a CPU KV cache
+reads each payload straight into the engine's block and the check runs there — one
+copy per load — and a value failing it is a load error like any other (the engine
+recomputes the block or fails the request: it never computes on it).
 """
 
 from __future__ import annotations
@@ -19,11 +23,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from capkv.errors import ContractError
-from capkv.stores._backend import Backend, ReadsInto, StoreKey
+from capkv.stores._backend import Backend, ReadsInto, ReadsIntoParts, StoreKey
 from capkv.stores._keys import BlockKey
 from capkv.stores._metadata import BlockMove
 from capkv.stores._staging import StagingRing
-from capkv.stores._value import HEADER_SIZE, ValueCheck, check_memory
+from capkv.stores._value import HEADER_SIZE, ValueCheck, check_memory, check_parts
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
     import capkv.transfer._copier
@@ -92,10 +96,22 @@ def load_chunks(
     """Read, check and scatter ``chunks``; the scatters' handles are in the outcome (order the engine's
     stream after them). A backend that raises fails every block not read yet (kept in the outcome)."""
     outcome = LoadOutcome()
-    reads = _Reads(backend, chunks, owner, outcome)
+    in_place = isinstance(backend, ReadsIntoParts) and copier.device.type == "cpu"
+    reads = _Reads(backend, chunks, owner, outcome, in_place=in_place)
     for chunk in chunks:
         size = HEADER_SIZE + copier.block_nbytes(chunk.group)
         count = len(chunk.keys)
+        parts = copier.block_memory(chunk.group, chunk.block_ids) if in_place else None
+        if parts is not None:
+            _, headers = ring.take(count, HEADER_SIZE)
+            lengths = reads.into_parts(chunk, headers, parts)
+            results = check_parts(headers, chunk.keys, lengths, parts)
+            good_count = sum(result is ValueCheck.OK for result in results)
+            if good_count != count:
+                _tally_failures(chunk, results, outcome)
+            outcome.loaded += good_count
+            outcome.loaded_bytes += good_count * (size - HEADER_SIZE)
+            continue
         rows, memory = ring.take(count, size)
         lengths = reads.next(chunk, memory, size)
         results = check_memory(memory, size, chunk.keys, lengths)
@@ -130,13 +146,15 @@ class _Reads:
 
     __slots__ = ("_backend", "_into", "_outcome", "_owner", "_values")
 
-    def __init__(self, backend: Backend, chunks: Sequence[Chunk], owner: str, outcome: LoadOutcome) -> None:
+    def __init__(
+        self, backend: Backend, chunks: Sequence[Chunk], owner: str, outcome: LoadOutcome, *, in_place: bool = False
+    ) -> None:
         self._backend = backend
         self._owner = owner
         self._outcome = outcome
         self._into = isinstance(backend, ReadsInto)
         self._values: list[bytes | bytearray | memoryview | None] = []
-        if not self._into:
+        if not (self._into or in_place):
             keys = [key for chunk in chunks for key in chunk.keys]
             try:
                 values = list(backend.get(keys))
@@ -150,6 +168,21 @@ class _Reads:
     def _fail(self, error: Exception) -> None:
         error.__traceback__ = None
         self._outcome.read_failure = error
+
+    def into_parts(self, chunk: Chunk, headers: memoryview, payloads: list[list[memoryview]]) -> list[int | None]:
+        """Per key of ``chunk``, the bytes of its value read into its header row of ``headers`` and then
+        its payload's parts, in place (``None``: a miss)."""
+        keys = chunk.keys
+        if self._outcome.read_failure is not None:
+            return [None] * len(keys)
+        try:
+            parts = [[headers[i * HEADER_SIZE : (i + 1) * HEADER_SIZE], *payload] for i, payload in enumerate(payloads)]
+            lengths = list(cast("ReadsIntoParts", self._backend).get_into_parts(keys, parts))
+            check_answers(self._owner, "get_into_parts", lengths, keys)
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+            return [None] * len(keys)
+        return [length if type(length) is int else None for length in lengths]
 
     def next(self, chunk: Chunk, memory: memoryview, size: int) -> list[int | None]:
         """Per key of ``chunk``, how many bytes of its value are in its row of ``memory`` (``None``: a miss)."""

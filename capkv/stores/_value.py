@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from capkv.stores._backend import StoreKey
-from capkv.stores._checksum import CHECKSUM_SIZE, block_identity, checksum, payload_checksums
+from capkv.stores._checksum import CHECKSUM_SIZE, block_identity, checksum, checksum_parts, payload_checksums
 from capkv.stores._host import dense_rows, row_memory, rows_memory
 from capkv.stores._keys import DIGEST_SIZE, BlockKey
 
@@ -151,6 +151,34 @@ def check_memory(
             or stored != checksum(memory[start + HEADER_SIZE : start + length], block_identity(block, layout))
         ):
             results.append(ValueCheck.DAMAGED)  # under this key, any mismatch is damage (the module says why)
+        else:
+            results.append(ValueCheck.OK)
+    return results
+
+
+def check_parts(
+    headers: memoryview, keys: Sequence[StoreKey], lengths: Sequence[int | None], payloads: Sequence[Sequence[memoryview]]
+) -> list[ValueCheck]:
+    """:func:`check_memory` of values read in parts: value ``i``'s header at ``i * HEADER_SIZE`` in
+    ``headers``, its payload in ``payloads[i]`` (in order: the engine's own blocks, where it was read).
+    The checksum streams over the parts: the same digest as over the payload in one piece."""
+    results: list[ValueCheck] = []
+    unpack = _HEADER.unpack_from
+    for index, (key, length) in enumerate(zip(keys, lengths, strict=True)):
+        if length is None:
+            results.append(ValueCheck.ABSENT)
+            continue
+        if length != key.nbytes:
+            results.append(ValueCheck.DAMAGED)
+            continue
+        magic, version, flags, group, claimed, digest, layout, stored = unpack(headers, index * HEADER_SIZE)
+        block = key.block
+        if (
+            magic != _MAGIC or version != FORMAT_VERSION or flags or group != block.group or digest != block.digest
+            or layout != key.layout or claimed != key.nbytes - HEADER_SIZE
+            or stored != checksum_parts(payloads[index], block_identity(block, layout))
+        ):
+            results.append(ValueCheck.DAMAGED)
         else:
             results.append(ValueCheck.OK)
     return results

@@ -16,6 +16,7 @@ it as it is.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -40,7 +41,7 @@ __all__ = ["BlockCopier"]
 class BlockCopier:
     """Gathers and scatters blocks of one registered KV cache, group by group."""
 
-    __slots__ = ("_copies", "_owner", "layout")
+    __slots__ = ("_copies", "_owner", "_places", "layout")
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class BlockCopier:
         staging_nbytes: int = DEFAULT_STAGING_BYTES,
     ) -> None:
         self._owner = owner
+        self._places: dict[int, tuple[int, tuple[tuple[memoryview, int, tuple[int, ...]], ...]]] = {}
         self.layout: KVLayout = KVLayout(spec, kv_caches, owner=owner)
         device = self.layout.device
         if device.type == "cuda":
@@ -95,6 +97,27 @@ class BlockCopier:
             return FINISHED
         word, host = self._rows(runs, rows, len(block_ids), "scatter")
         return self._copies.scatter(runs, word, ids, host)
+
+    def block_memory(self, group: int, block_ids: Sequence[int]) -> list[list[memoryview]] | None:
+        """Per block of ``group``, its bytes where they lie in the KV cache, run by run in the order a
+        gathered row holds them (writable views, no copy: the KV tensors must outlive them), so a stored
+        value can be read into place; ``None`` off the CPU, whose memory a read cannot land in."""
+        if self.device.type != "cpu":
+            return None
+        runs = self._group(group, "block_memory")
+        if self._ids(runs, block_ids, "block_memory", unique=True) is None:
+            return []
+        places = self._places.get(group)
+        if places is None:  # each layer's storage as one memoryview, made once: a slice per run is cheap
+            places = self._places[group] = (runs.run_nbytes, tuple(
+                (_storage_memory(layer.tensor), layer.block_stride, layer.run_offsets) for layer in runs.layers
+            ))
+        size, layers = places
+        return [
+            [memory[start : start + size]
+             for memory, stride, offsets in layers for start in (block * stride + offset for offset in offsets)]
+            for block in block_ids
+        ]
 
     # ---- checks --------------------------------------------------------------------
 
@@ -155,6 +178,12 @@ class BlockCopier:
 
 def _is_index(value: object, size: int) -> bool:
     return type(value) is int and 0 <= value < size
+
+
+def _storage_memory(tensor: torch.Tensor) -> memoryview:
+    """The whole CPU storage under ``tensor`` as writable bytes (the tensor must outlive the view)."""
+    storage = tensor.untyped_storage()
+    return memoryview((ctypes.c_char * storage.nbytes()).from_address(storage.data_ptr())).cast("B")
 
 
 publish(__name__)

@@ -44,24 +44,30 @@ def test_1_running_out_of_file_descriptors_during_a_load_keeps_every_file(tmp_pa
     before = _files(tmp_path)
     spec = make_spec(WINDOWED, num_blocks=64)
     connector = FileStoreConnector(spec, root=tmp_path)
-    read = connector.files.get_into  # reads run on the store's reader thread: starve them there
+    files = connector.files
+    reads = {name: getattr(files, name) for name in ("get_into", "get_into_parts")}  # on the reader thread
 
-    def starved(keys: Any, buffers: Any, /) -> Any:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        probe = os.open(os.devnull, os.O_RDONLY)  # the next descriptor number: at the limit, nothing opens
-        os.close(probe)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (probe, hard))
-        try:
-            return read(keys, buffers)
-        finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    def starving(read: Any) -> Any:
+        def starved(keys: Any, buffers: Any, /) -> Any:
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            probe = os.open(os.devnull, os.O_RDONLY)  # the next descriptor number: at the limit, nothing opens
+            os.close(probe)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (probe, hard))
+            try:
+                return read(keys, buffers)
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
-    connector.files.get_into = starved  # type: ignore[method-assign]
+        return starved
+
+    for name, read in reads.items():
+        setattr(files, name, starving(read))
     engine = MiniEngine(spec, connector)
     run = engine.run("starved", PROMPT + [1])
     assert run.hit_tokens == 96 and sum(len(ids) for ids in run.load_errors.values()) == 8
     assert _files(tmp_path) == before  # a failed read says nothing about the file: all kept
-    connector.files.get_into = read  # type: ignore[method-assign]
+    for name, read in reads.items():
+        setattr(files, name, read)
     assert engine.run("fed", PROMPT + [2]).load_errors == {}
     connector.shutdown()
 

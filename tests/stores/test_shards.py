@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ class Rank:
         for tensor in self.caches.values():
             tensor.view(torch.int16).copy_(torch.randint(-30000, 30000, tensor.shape, generator=generator))
         self.original = {name: tensor.clone() for name, tensor in self.caches.items()}
+        self.received: set[str] = set()
+        """Requests this rank reported received (a file store loads asynchronously)."""
         connector.register_kv_caches(self.caches)
 
     def blocks(self, group: int, ids: Sequence[int], *, original: bool = False) -> list[torch.Tensor]:
@@ -63,7 +66,8 @@ def run_ranks(scheduler: Any, ranks: Sequence[Rank]) -> list[SaveReport | None]:
         rank.connector.bind_connector_metadata(metadata)
         rank.connector.start_load_kv(None)
         rank.connector.wait_for_save()
-        rank.connector.get_finished(set())
+        _, received = rank.connector.get_finished(set())
+        rank.received |= received or set()
         reports.append(rank.connector.build_connector_worker_meta())
         rank.connector.clear_connector_metadata()
     return reports
@@ -170,7 +174,12 @@ def _two_ranks(tmp_path: Path, held: HeldWriter) -> None:
     assert hit == 96
     targets = ([11, 12, 13, 14, 15, 16, 17], [0, 0, 0, 0, 18, 19, 20])
     scheduler.update_state_after_alloc(request, targets, 96)
+    deadline = time.monotonic() + 30
     step(scheduler, ranks)
+    while not all("loader" in rank.received for rank in ranks):  # the file store's loads are asynchronous
+        assert time.monotonic() < deadline, "the load was never reported received"
+        time.sleep(0.01)
+        step(scheduler, ranks)
     for rank in ranks:
         assert rank.connector.get_block_ids_with_load_errors() == {}
         for group in (0, 1):
