@@ -38,6 +38,7 @@ class BackendIndex:
         from capkv.transfer._layout import spec_block_nbytes  # noqa: PLC0415 (sizes from the spec alone)
 
         self._backend = backend
+        self._pinning = backend if isinstance(backend, PinningBackend) else None  # asked once: a protocol check is slow
         self._owner = owner
         self._shards = spec.shard.count
         self._sizes = tuple(HEADER_SIZE + spec_block_nbytes(spec, g, owner=owner) for g in range(spec.num_groups))
@@ -110,12 +111,13 @@ class BackendIndex:
         """Keep ``key`` until its load ran, where the backend can pin; its slot (0) or ``None``."""
         if not self.loadable(key):
             return None
-        if not isinstance(self._backend, PinningBackend):
+        pinning = self._pinning
+        if pinning is None:
             return 0  # a block evicted before its load runs is a load error then, never wrong KV
         values = self.physical(key) or []
-        pinned = list(self._backend.pin(values))
+        pinned = list(pinning.pin(values))
         if len(pinned) != len(values) or not all(answer is True for answer in pinned):
-            self._backend.unpin([v for v, answer in zip(values, pinned) if answer is True])
+            pinning.unpin([v for v, answer in zip(values, pinned) if answer is True])
             self._known[key] = False
             return None
         self._pinned.setdefault(key, []).append(values)
@@ -123,8 +125,8 @@ class BackendIndex:
 
     def unpin(self, key: BlockKey, /) -> None:
         held = self._pinned.get(key)
-        if held and isinstance(self._backend, PinningBackend):
-            self._backend.unpin(held.pop())
+        if held and self._pinning is not None:
+            self._pinning.unpin(held.pop())
             if not held:
                 del self._pinned[key]
 

@@ -89,7 +89,12 @@ class StoreScheduler:
         self._receiving_now: list[str] = []
         self._spec = spec
         self._index = index
+        # the index's optional capabilities, asked once (a runtime protocol check costs microseconds)
         self._batched = index if isinstance(index, BatchedStoreIndex) else None
+        self._chained = index if isinstance(index, ChainAwareIndex) else None
+        self._evicting = index if isinstance(index, EvictingIndex) else None
+        self._layout_aware = index if isinstance(index, LayoutAwareIndex) else None
+        self._loss_aware = index if isinstance(index, LossAwareIndex) else None
         self._hasher = hasher
         self._geometry = tuple(
             GroupGeometry(group.block_size or 1, group.sliding_window) for group in spec.groups
@@ -194,10 +199,10 @@ class StoreScheduler:
                 self._loads.append(
                     BlockMove(request.request_id, group, tuple(move_ids), tuple(move_keys), tuple(slots))
                 )
-            if isinstance(self._index, ChainAwareIndex):
-                self._index.use([keys.key(group, block, method=method) for block in range(needed.stop)])
-        if isinstance(self._index, ChainAwareIndex):
-            self._index.end_use()
+            if self._chained is not None:
+                self._chained.use([keys.key(group, block, method=method) for block in range(needed.stop)])
+        if self._chained is not None:
+            self._chained.end_use()
         self.hit_tokens += num_external_tokens
 
     def _accepted(self, request_id: str, offer: tuple[int, int] | None, num_external_tokens: int) -> tuple[int, int]:
@@ -309,8 +314,8 @@ class StoreScheduler:
                     planned.setdefault(group, []).append((engine_block, key, slot))
             if cursors is not None:
                 cursors[group] = block + 1
-        if chains is not None and isinstance(self._index, ChainAwareIndex):
-            self._index.end_use()  # stamps the chains, the blocks just reserved in their places
+        if chains is not None and self._chained is not None:
+            self._chained.end_use()  # stamps the chains, the blocks just reserved in their places
         else:
             for key in reversed(touched):
                 self._index.touch(key)
@@ -321,14 +326,15 @@ class StoreScheduler:
 
     def _chains(self, keys: RequestKeys, candidates: list[_Candidate], method: str) -> list[list[BlockKey]] | None:
         """For a chain-aware index: each group's chain up to the last candidate, marked in use."""
-        if not isinstance(self._index, ChainAwareIndex) or not candidates:
+        chained = self._chained
+        if chained is None or not candidates:
             return None
         ends: dict[int, int] = {}
         for _, group, block in candidates:
             ends[group] = max(ends.get(group, 0), block + 1)
         chains = [[keys.key(group, block, method=method) for block in range(end)] for group, end in sorted(ends.items())]
         for chain in chains:
-            self._index.use(chain)
+            chained.use(chain)
         return chains
 
     def take_hit_tokens(self) -> int:
@@ -368,7 +374,7 @@ class StoreScheduler:
                     self._step_saves, method,
                 )
         self._step += 1
-        evicted = tuple(self._index.take_evicted()) if isinstance(self._index, EvictingIndex) else ()
+        evicted = tuple(self._evicting.take_evicted()) if self._evicting is not None else ()
         metadata = StoreMetadata(
             tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step, tuple(self._step_saves),
             evicted, tuple(self._receiving_now),
@@ -410,15 +416,15 @@ class StoreScheduler:
                     f"{self._shards} shard(s) (KVSpec.shard)",
                     connector=self._owner, method=method, value=part.shard,
                 )
-            if part.layout is not None and isinstance(self._index, LayoutAwareIndex):
-                self._index.set_layout(part.layout, part.shard)
+            if part.layout is not None and self._layout_aware is not None:
+                self._layout_aware.set_layout(part.layout, part.shard)
         if report.loaded_through is not None:
             for step in [step for step in self._pinned_by_step if step <= report.loaded_through]:
                 for key in self._pinned_by_step.pop(step):
                     self._index.unpin(key)
-        if isinstance(self._index, LossAwareIndex):
+        if self._loss_aware is not None:
             for key in {key for part in parts for key in part.lost}:
-                self._index.lost(key)
+                self._loss_aware.lost(key)
         failed = {key for part in parts for key in part.failed}
         for key in failed:  # one shard's failure fails the block: every shard saves it again
             self._stored_by.pop(key, None)

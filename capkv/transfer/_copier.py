@@ -52,7 +52,7 @@ class BlockCopier:
         staging_nbytes: int = DEFAULT_STAGING_BYTES,
     ) -> None:
         self._owner = owner
-        self._places: dict[int, tuple[int, tuple[tuple[memoryview, int, tuple[int, ...]], ...]]] = {}
+        self._places: dict[int, tuple[int, tuple[tuple[memoryview, int, int], ...]]] = {}
         self.layout: KVLayout = KVLayout(spec, kv_caches, owner=owner)
         device = self.layout.device
         if device.type == "cuda":
@@ -105,17 +105,20 @@ class BlockCopier:
         if self.device.type != "cpu":
             return None
         runs = self._group(group, "block_memory")
-        if self._ids(runs, block_ids, "block_memory", unique=True) is None:
-            return []
+        spec = self.layout.spec
+        check_pool_ids(
+            block_ids if isinstance(block_ids, list) else [*block_ids], num_blocks=spec.num_blocks, repeatable=None,
+            distinct=True, group=runs.index, connector=self._owner, method="block_memory",
+        )
         places = self._places.get(group)
         if places is None:  # each layer's storage as one memoryview, made once: a slice per run is cheap
             places = self._places[group] = (runs.run_nbytes, tuple(
-                (_storage_memory(layer.tensor), layer.block_stride, layer.run_offsets) for layer in runs.layers
+                (memory, layer.block_stride, offset)
+                for layer in runs.layers for memory in (_storage_memory(layer.tensor),) for offset in layer.run_offsets
             ))
-        size, layers = places
+        size, where = places
         return [
-            [memory[start : start + size]
-             for memory, stride, offsets in layers for start in (block * stride + offset for offset in offsets)]
+            [memory[(start := block * stride + offset) : start + size] for memory, stride, offset in where]
             for block in block_ids
         ]
 
