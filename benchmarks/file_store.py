@@ -130,7 +130,7 @@ def throughput(root: Path, requests: int, tokens: int, *, stages: bool = False) 
     started, cpu_started = time.perf_counter(), time.process_time()
     connector.bind_connector_metadata(connector.build_connector_meta(None))
     connector.start_load_kv(None)
-    waiting = {f"l{index}" for index in range(requests)} if _asynchronous(connector) else set()
+    waiting = {f"l{index}" for index in range(requests)} if reads_slowly(connector.files) else set()
     deadline = started + 120
     while waiting and time.perf_counter() < deadline:
         _, received = connector.get_finished(set())
@@ -167,10 +167,6 @@ def throughput(root: Path, requests: int, tokens: int, *, stages: bool = False) 
     read_s, read_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     plain.unlink()
     return Round(save_s, write_s, load_s, read_s, load_cpu_s, read_cpu_s, saved, loaded, stage_s)
-
-
-def _asynchronous(connector: FileStoreConnector) -> bool:
-    return reads_slowly(connector.files)
 
 
 class _StageTimers:

@@ -38,13 +38,11 @@ import argparse
 import gc
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +53,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _fault_tier as faults  # noqa: E402
+from tests.vllm.engine import watchdog  # noqa: E402
 from tests.vllm.model import prompts as random_prompts  # noqa: E402
 from tests.vllm.model import write_model  # noqa: E402
 
@@ -86,20 +85,6 @@ SHORT = (("file", "recompute"), ("redis", "fail"), ("pool+file", "fail"), ("faul
 
 class Hang(Exception):
     """A request not finished within its bounds."""
-
-
-@contextmanager
-def watchdog(seconds: float, what: str) -> Iterator[None]:
-    def expired(signum: int, frame: object) -> None:
-        raise Hang(f"{what}: blocked for {seconds:.0f} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # ---- stacks ------------------------------------------------------------------------------------
@@ -324,7 +309,7 @@ class Campaign:
                 return
             self.server.cli("flushall")
         faults.forget()
-        with watchdog(ROUND_WATCHDOG_S, f"{tier}/{policy}: starting the engine"):
+        with watchdog(ROUND_WATCHDOG_S, f"{tier}/{policy}: starting the engine", error=Hang):
             engine = Engine(self.model, host(stack(tier, root, self.url), policy))
         kinds = [kind for _ in range(repeats) for kind in TIERS[tier]]
         try:
@@ -333,7 +318,7 @@ class Campaign:
                 label = f"{tier}/{policy}/{kind}#{index}"
                 prompt = next(self.prompts)
                 try:
-                    with watchdog(ROUND_WATCHDOG_S, label):
+                    with watchdog(ROUND_WATCHDOG_S, label, error=Hang):
                         self.round(engine, tier, kind, policy, prompt, root, tally, label)
                 except Hang as hang:
                     tally.hangs += 1
@@ -346,7 +331,7 @@ class Campaign:
                     self.repair(tier, root)
         finally:
             try:
-                with watchdog(ROUND_WATCHDOG_S, f"{tier}/{policy}: shutting the engine down"):
+                with watchdog(ROUND_WATCHDOG_S, f"{tier}/{policy}: shutting the engine down", error=Hang):
                     engine.close()
             except Exception as error:  # noqa: BLE001 (the store raises the injected failures it kept, by design)
                 self.tallies[(tier, "(shutdown)", policy)].notes.append(
@@ -470,7 +455,7 @@ def main() -> int:
         all_prompts = random_prompts(rounds, PROMPT_LEN, seed=24)
         reference_engine = Engine(model, None)
         reference: dict[tuple[int, ...], list[int]] = {}
-        with watchdog(ROUND_WATCHDOG_S * 4, "the reference engine"):
+        with watchdog(ROUND_WATCHDOG_S * 4, "the reference engine", error=Hang):
             for prompt in all_prompts:
                 reference[tuple(prompt)] = reference_engine.serve(prompt).tokens
             reference_engine.close()

@@ -168,8 +168,8 @@ class Streams:
             outputs = self.step(label)
             ended = time.perf_counter()
             waited |= any(  # vLLM may suffix the id it schedules under ("<id>-<random>")
-                status == RequestStatus.WAITING_FOR_REMOTE_KVS
-                for rid, status in ((rid, r.status) for rid, r in self.scheduler.requests.items())
+                request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                for rid, request in self.scheduler.requests.items()
                 if rid == request_id or rid.startswith(request_id + "-")
             )
             mine = [out for out in outputs if out.request_id == request_id and out.outputs[0].token_ids]

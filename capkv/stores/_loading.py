@@ -172,14 +172,20 @@ class _Reads:
     def into_parts(self, chunk: Chunk, headers: memoryview, payloads: list[list[memoryview]]) -> list[int | None]:
         """Per key of ``chunk``, the bytes of its value read into its header row of ``headers`` and then
         its payload's parts, in place (``None``: a miss)."""
-        keys = chunk.keys
+        backend = cast("ReadsIntoParts", self._backend)
+        return self._answered(chunk.keys, "get_into_parts", lambda: backend.get_into_parts(chunk.keys, [
+            [headers[i * HEADER_SIZE : (i + 1) * HEADER_SIZE], *payload] for i, payload in enumerate(payloads)
+        ]))
+
+    def _answered(self, keys: Sequence[StoreKey], method: str, read: Callable[[], Sequence[int | None]]) -> list[int | None]:
+        """What ``read`` (one of the backend's reads into buffers) answered per key; every key a miss once
+        a read of this step raised (kept in the outcome)."""
         if self._outcome.read_failure is not None:
             return [None] * len(keys)
         try:
-            parts = [[headers[i * HEADER_SIZE : (i + 1) * HEADER_SIZE], *payload] for i, payload in enumerate(payloads)]
-            lengths = list(cast("ReadsIntoParts", self._backend).get_into_parts(keys, parts))
-            check_answers(self._owner, "get_into_parts", lengths, keys)
-        except Exception as error:  # noqa: BLE001
+            lengths = list(read())
+            check_answers(self._owner, method, lengths, keys)
+        except Exception as error:  # noqa: BLE001 (a backend fault is this step's load error)
             self._fail(error)
             return [None] * len(keys)
         return [length if type(length) is int else None for length in lengths]
@@ -187,17 +193,13 @@ class _Reads:
     def next(self, chunk: Chunk, memory: memoryview, size: int) -> list[int | None]:
         """Per key of ``chunk``, how many bytes of its value are in its row of ``memory`` (``None``: a miss)."""
         keys = chunk.keys
+        if self._into:
+            backend = cast("ReadsInto", self._backend)
+            return self._answered(keys, "get_into", lambda: backend.get_into(
+                keys, [memory[i * size : (i + 1) * size] for i in range(len(keys))]
+            ))
         if self._outcome.read_failure is not None:
             return [None] * len(keys)
-        if self._into:
-            try:
-                buffers = [memory[i * size : (i + 1) * size] for i in range(len(keys))]
-                lengths = list(cast("ReadsInto", self._backend).get_into(keys, buffers))
-                check_answers(self._owner, "get_into", lengths, keys)
-            except Exception as error:  # noqa: BLE001
-                self._fail(error)
-                return [None] * len(keys)
-            return [length if type(length) is int else None for length in lengths]
         read: list[int | None] = []
         for index in range(len(keys)):
             value = self._values.pop()

@@ -133,27 +133,10 @@ def check_memory(
     One pass per value, right after its read while its bytes are still in the
     CPU's cache: the header is parsed in place and the checksum runs over the
     payload where it lies (no copies, no per-row tensors)."""
-    results: list[ValueCheck] = []
-    unpack = _HEADER.unpack_from
-    for index, (key, length) in enumerate(zip(keys, lengths, strict=True)):
-        if length is None:
-            results.append(ValueCheck.ABSENT)
-            continue
-        start = index * stride
-        if length != key.nbytes:  # cut short or padded: whatever its header says
-            results.append(ValueCheck.DAMAGED)
-            continue
-        magic, version, flags, group, claimed, digest, layout, stored = unpack(memory, start)
-        block = key.block
-        if (
-            magic != _MAGIC or version != FORMAT_VERSION or flags or group != block.group or digest != block.digest
-            or layout != key.layout or claimed != key.nbytes - HEADER_SIZE
-            or stored != checksum(memory[start + HEADER_SIZE : start + length], block_identity(block, layout))
-        ):
-            results.append(ValueCheck.DAMAGED)  # under this key, any mismatch is damage (the module says why)
-        else:
-            results.append(ValueCheck.OK)
-    return results
+    return [
+        _verdict(key, length, memory, index * stride, memory[index * stride + HEADER_SIZE : index * stride + key.nbytes])
+        for index, (key, length) in enumerate(zip(keys, lengths, strict=True))
+    ]
 
 
 def check_parts(
@@ -162,26 +145,31 @@ def check_parts(
     """:func:`check_memory` of values read in parts: value ``i``'s header at ``i * HEADER_SIZE`` in
     ``headers``, its payload in ``payloads[i]`` (in order: the engine's own blocks, where it was read).
     The checksum streams over the parts: the same digest as over the payload in one piece."""
-    results: list[ValueCheck] = []
-    unpack = _HEADER.unpack_from
-    for index, (key, length) in enumerate(zip(keys, lengths, strict=True)):
-        if length is None:
-            results.append(ValueCheck.ABSENT)
-            continue
-        if length != key.nbytes:
-            results.append(ValueCheck.DAMAGED)
-            continue
-        magic, version, flags, group, claimed, digest, layout, stored = unpack(headers, index * HEADER_SIZE)
-        block = key.block
-        if (
-            magic != _MAGIC or version != FORMAT_VERSION or flags or group != block.group or digest != block.digest
-            or layout != key.layout or claimed != key.nbytes - HEADER_SIZE
-            or stored != checksum_parts(payloads[index], block_identity(block, layout))
-        ):
-            results.append(ValueCheck.DAMAGED)
-        else:
-            results.append(ValueCheck.OK)
-    return results
+    return [
+        _verdict(key, length, headers, index * HEADER_SIZE, payloads[index])
+        for index, (key, length) in enumerate(zip(keys, lengths, strict=True))
+    ]
+
+
+def _verdict(
+    key: StoreKey, length: int | None, header: memoryview, offset: int, payload: memoryview | Sequence[memoryview]
+) -> ValueCheck:
+    """One value read under ``key`` (``length`` bytes, ``None``: a miss): its header at ``offset`` in
+    ``header``, its payload in one piece or in parts."""
+    if length is None:
+        return ValueCheck.ABSENT
+    if length != key.nbytes:  # cut short or padded: whatever its header says
+        return ValueCheck.DAMAGED
+    magic, version, flags, group, claimed, digest, layout, stored = _HEADER.unpack_from(header, offset)
+    block = key.block
+    if (
+        magic != _MAGIC or version != FORMAT_VERSION or flags or group != block.group or digest != block.digest
+        or layout != key.layout or claimed != key.nbytes - HEADER_SIZE
+    ):
+        return ValueCheck.DAMAGED  # under this key, any mismatch is damage (the module says why)
+    identity = block_identity(block, layout)
+    actual = checksum(memoryview(payload), identity) if isinstance(payload, memoryview) else checksum_parts(payload, identity)
+    return ValueCheck.OK if stored == actual else ValueCheck.DAMAGED
 
 
 def check_value(value: bytes | bytearray | memoryview | None, key: StoreKey) -> ValueCheck:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from capkv.cli._main import main
+from tests.config.cli_check import check as run_check
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = "tests.config.sample_connectors"
@@ -28,11 +29,7 @@ def multi(*children: dict[str, Any]) -> dict[str, Any]:
 
 
 def check(tmp_path: Path, config: object, *options: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    path = tmp_path / "stack.json"
-    path.write_text(json.dumps(config))
-    status = main(["check", str(path), *options])
-    out, err = capsys.readouterr()
-    return status, out, err
+    return run_check(tmp_path, config, *options, capsys=capsys, name="stack.json")
 
 
 def test_a_servable_stack_prints_its_tree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,6 @@ line: the refusal the host makes when vLLM builds it).
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from capkv import CapabilityError, ConfigError
 from capkv.cli._main import main
+from tests.config.cli_check import check
 from capkv.config import load_stack
 from capkv.config._hosts import HMA_HOST, PLAIN_HOST, allowed_hosts, host_entry, require_host_capability
 
@@ -43,14 +43,6 @@ def hosted(host: str, stack: dict[str, Any]) -> dict[str, Any]:
         "kv_connector": host, "kv_connector_module_path": "capkv.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"stack": stack},
     }
-
-
-def check(tmp_path: Path, config: object, *options: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    path = tmp_path / "kv_transfer_config.json"
-    path.write_text(json.dumps(config))
-    status = main(["check", str(path), *options])
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 def test_host_entry_reads_what_vllm_loads() -> None:

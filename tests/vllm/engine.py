@@ -38,13 +38,13 @@ WATCHDOG_SECONDS = 300.0
 
 
 @contextmanager
-def watchdog(seconds: float, what: str) -> Iterator[None]:
-    """Raise ``TimeoutError`` in the main thread when the body runs longer than ``seconds``."""
+def watchdog(seconds: float, what: str, *, error: type[Exception] = TimeoutError) -> Iterator[None]:
+    """Raise ``error`` in the main thread when the body runs longer than ``seconds``."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("the watchdog needs the main thread (SIGALRM)")
 
     def expired(signum: int, frame: object) -> None:
-        raise TimeoutError(f"{what}: still running after {seconds:.0f} s")
+        raise error(f"{what}: still running after {seconds:.0f} s")
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)

@@ -23,7 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import Examp
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector  # noqa: E402
 
 from capkv.connectors import FileStoreConnector  # noqa: E402
-from capkv.cli._main import main  # noqa: E402
+from tests.config.cli_check import check  # noqa: E402
 from capkv.vllm import CapkvConnector, CapkvHMAConnector, MultiConnector  # noqa: E402
 
 MODULE = "tests.vllm.test_check_sleep"
@@ -76,14 +76,6 @@ def multi(*children: dict[str, Any], **top: Any) -> dict[str, Any]:
 def hosted(host: str, stack: dict[str, Any]) -> dict[str, Any]:
     return {"kv_connector": host, "kv_connector_module_path": "capkv.vllm", "kv_role": "kv_both",
             "kv_connector_extra_config": {"stack": stack}}
-
-
-def check(tmp_path: Path, config: object, *options: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    path = tmp_path / "kv_transfer_config.json"
-    path.write_text(json.dumps(config))
-    status = main(["check", str(path), *options])
-    out, err = capsys.readouterr()
-    return status, out, err
 
 
 @pytest.fixture
