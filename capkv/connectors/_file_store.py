@@ -55,6 +55,11 @@ PackWriter = Callable[[Path, Sequence[PackRecord]], tuple[str, list[RecordHeader
 _RUN_RECORDS = 256
 """At most this many records per read call (under ``IOV_MAX``)."""
 
+_RUN_BYTES = 256 << 10
+"""A run stops growing at this many bytes (one record at least): what one read leaves in a core's cache
+for the caller to check before the next read evicts it (measured: XXH3 over a 256 KiB read just made runs
+at 3x its speed over one made 4 MiB earlier)."""
+
 _log = logging.getLogger("capkv.stores")
 
 
@@ -112,19 +117,26 @@ class FileBackend:
         return [None if count is None else bytes(buffer[:count]) for buffer, count in zip(buffers, counts, strict=True)]
 
     def get_into(self, keys: Sequence[StoreKey], buffers: Sequence[memoryview], /) -> list[int | None]:
-        return self._get(keys, buffers)
+        return self._get(keys, buffers, None)
 
-    def get_into_parts(self, keys: Sequence[StoreKey], parts: Sequence[Sequence[memoryview]], /) -> list[int | None]:
-        """Each value read with one ``preadv`` into its parts (runs of records saved together: one call)."""
-        return self._get(keys, parts)
+    def get_into_parts(
+        self, keys: Sequence[StoreKey], parts: Sequence[Sequence[memoryview]], /,
+        *, landed: Callable[[int, int], None] | None = None,
+    ) -> list[int | None]:
+        """Each value read with one ``preadv`` into its parts (runs of records saved together: one call),
+        ``landed`` told of each run's values before the next run is read."""
+        return self._get(keys, parts, landed)
 
-    def _get(self, keys: Sequence[StoreKey], buffers: Sequence[memoryview | Sequence[memoryview]]) -> list[int | None]:
+    def _get(
+        self, keys: Sequence[StoreKey], buffers: Sequence[memoryview | Sequence[memoryview]],
+        landed: Callable[[int, int], None] | None,
+    ) -> list[int | None]:
         counts: list[int | None] = [None] * len(keys)
         opened: dict[str, int] = {}
         indices = list(range(len(keys)))
         try:
             while indices:  # a pack gone under us (unpinned: evicted): its values may be stored elsewhere too
-                indices = self._read_keys(keys, indices, buffers, counts, opened)
+                indices = self._read_keys(keys, indices, buffers, counts, opened, landed)
         finally:
             for descriptor in opened.values():
                 os.close(descriptor)  # an evicted pack holds no disk past this read
@@ -132,14 +144,14 @@ class FileBackend:
 
     def _read_keys(
         self, keys: Sequence[StoreKey], indices: list[int], buffers: Sequence[memoryview | Sequence[memoryview]],
-        counts: list[int | None], opened: dict[str, int],
+        counts: list[int | None], opened: dict[str, int], landed: Callable[[int, int], None] | None,
     ) -> list[int]:
         """Read ``keys[i]`` into ``buffers[i]`` for each ``i`` in ``indices``; the indices whose pack was gone."""
         gone: list[int] = []
         places = self.catalog.find_all([(keys[index].block, keys[index].layout) for index in indices])
         # Records that lie back to back in one pack (saved together) are read in one call.
         run: list[tuple[int, str, RecordHeader]] = []
-        last_index, last_name, next_offset = -2, "", -1
+        last_index, last_name, next_offset, run_bytes = -2, "", -1, 0
         for index, found in zip(indices, places, strict=True):
             if found is None:
                 continue
@@ -147,19 +159,21 @@ class FileBackend:
             if HEADER_SIZE + record.length != keys[index].nbytes:
                 continue  # a value of another length: not this layout's whole value, a miss
             if run and (
-                len(run) == _RUN_RECORDS or index != last_index + 1 or name != last_name or record.offset != next_offset
+                len(run) == _RUN_RECORDS or run_bytes >= _RUN_BYTES
+                or index != last_index + 1 or name != last_name or record.offset != next_offset
             ):
-                gone += self._read_run(run, buffers, counts, opened)
-                run = []
+                gone += self._read_run(run, buffers, counts, opened, landed)
+                run, run_bytes = [], 0
             run.append((index, name, record))
+            run_bytes += HEADER_SIZE + record.length
             last_index, last_name, next_offset = index, name, record.offset + HEADER_SIZE + record.length
         if run:
-            gone += self._read_run(run, buffers, counts, opened)
+            gone += self._read_run(run, buffers, counts, opened, landed)
         return gone
 
     def _read_run(
         self, run: list[tuple[int, str, RecordHeader]], buffers: Sequence[memoryview | Sequence[memoryview]],
-        counts: list[int | None], opened: dict[str, int],
+        counts: list[int | None], opened: dict[str, int], landed: Callable[[int, int], None] | None,
     ) -> list[int]:
         """Read one run; its indices if the pack is gone (forgotten: a miss, unless stored elsewhere too)."""
         name = run[0][1]
@@ -177,6 +191,8 @@ class FileBackend:
             return []
         for (index, _, _), count in zip(run, read, strict=True):
             counts[index] = count
+            if landed is not None:
+                landed(index, count)
         self.catalog.used(name)
         return []
 

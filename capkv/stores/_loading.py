@@ -27,7 +27,7 @@ from capkv.stores._backend import Backend, ReadsInto, ReadsIntoParts, StoreKey
 from capkv.stores._keys import BlockKey
 from capkv.stores._metadata import BlockMove
 from capkv.stores._staging import StagingRing
-from capkv.stores._value import HEADER_SIZE, ValueCheck, check_memory, check_parts
+from capkv.stores._value import HEADER_SIZE, ValueCheck, check_memory, check_part
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
     import capkv.transfer._copier
@@ -104,8 +104,7 @@ def load_chunks(
         parts = copier.block_memory(chunk.group, chunk.block_ids) if in_place else None
         if parts is not None:
             _, headers = ring.take(count, HEADER_SIZE)
-            lengths = reads.into_parts(chunk, headers, parts)
-            results = check_parts(headers, chunk.keys, lengths, parts)
+            results = _read_checked(reads, chunk, headers, parts)
             good_count = sum(result is ValueCheck.OK for result in results)
             if good_count != count:
                 _tally_failures(chunk, results, outcome)
@@ -126,6 +125,26 @@ def load_chunks(
             outcome.loaded += len(good)
             outcome.loaded_bytes += len(good) * (size - HEADER_SIZE)
     return outcome
+
+
+def _read_checked(reads: _Reads, chunk: Chunk, headers: memoryview, parts: list[list[memoryview]]) -> list[ValueCheck]:
+    """Read ``chunk`` in place, each value checked as it lands (in the CPU's cache); a value the read's
+    final answer reports otherwise (a miss after a later fault, another length) is judged by that answer."""
+    keys = chunk.keys
+    early: dict[int, tuple[int, ValueCheck]] = {}
+
+    def landed(index: int, length: int) -> None:
+        early[index] = (length, check_part(headers, index, keys[index], length, parts[index]))
+
+    lengths = reads.into_parts(chunk, headers, parts, landed)
+    results: list[ValueCheck] = []
+    for index, length in enumerate(lengths):
+        checked = early.get(index)
+        if checked is not None and checked[0] == length:
+            results.append(checked[1])
+        else:
+            results.append(check_part(headers, index, keys[index], length, parts[index]))
+    return results
 
 
 def _tally_failures(chunk: Chunk, results: list[ValueCheck], outcome: LoadOutcome) -> None:
@@ -169,13 +188,15 @@ class _Reads:
         error.__traceback__ = None
         self._outcome.read_failure = error
 
-    def into_parts(self, chunk: Chunk, headers: memoryview, payloads: list[list[memoryview]]) -> list[int | None]:
+    def into_parts(
+        self, chunk: Chunk, headers: memoryview, payloads: list[list[memoryview]], landed: Callable[[int, int], None]
+    ) -> list[int | None]:
         """Per key of ``chunk``, the bytes of its value read into its header row of ``headers`` and then
-        its payload's parts, in place (``None``: a miss)."""
+        its payload's parts, in place (``None``: a miss); ``landed`` hears of each value as it arrives."""
         backend = cast("ReadsIntoParts", self._backend)
         return self._answered(chunk.keys, "get_into_parts", lambda: backend.get_into_parts(chunk.keys, [
             [headers[i * HEADER_SIZE : (i + 1) * HEADER_SIZE], *payload] for i, payload in enumerate(payloads)
-        ]))
+        ], landed=landed))
 
     def _answered(self, keys: Sequence[StoreKey], method: str, read: Callable[[], Sequence[int | None]]) -> list[int | None]:
         """What ``read`` (one of the backend's reads into buffers) answered per key; every key a miss once

@@ -139,16 +139,12 @@ def check_memory(
     ]
 
 
-def check_parts(
-    headers: memoryview, keys: Sequence[StoreKey], lengths: Sequence[int | None], payloads: Sequence[Sequence[memoryview]]
-) -> list[ValueCheck]:
-    """:func:`check_memory` of values read in parts: value ``i``'s header at ``i * HEADER_SIZE`` in
-    ``headers``, its payload in ``payloads[i]`` (in order: the engine's own blocks, where it was read).
-    The checksum streams over the parts: the same digest as over the payload in one piece."""
-    return [
-        _verdict(key, length, headers, index * HEADER_SIZE, payloads[index])
-        for index, (key, length) in enumerate(zip(keys, lengths, strict=True))
-    ]
+def check_part(headers: memoryview, index: int, key: StoreKey, length: int | None, payload: Sequence[memoryview]) -> ValueCheck:
+    """:func:`check_memory` of value ``index`` read in parts: its header at ``index * HEADER_SIZE`` in
+    ``headers``, its payload in ``payload`` (in order: the engine's own blocks, where it was read). Called
+    as the value lands, while it is in the CPU's cache; the checksum streams over the parts (the digest of
+    the payload in one piece)."""
+    return _verdict(key, length, headers, index * HEADER_SIZE, payload)
 
 
 def _verdict(

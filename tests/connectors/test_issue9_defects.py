@@ -48,13 +48,13 @@ def test_1_running_out_of_file_descriptors_during_a_load_keeps_every_file(tmp_pa
     reads = {name: getattr(files, name) for name in ("get_into", "get_into_parts")}  # on the reader thread
 
     def starving(read: Any) -> Any:
-        def starved(keys: Any, buffers: Any, /) -> Any:
+        def starved(keys: Any, buffers: Any, /, **options: Any) -> Any:
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             probe = os.open(os.devnull, os.O_RDONLY)  # the next descriptor number: at the limit, nothing opens
             os.close(probe)
             resource.setrlimit(resource.RLIMIT_NOFILE, (probe, hard))
             try:
-                return read(keys, buffers)
+                return read(keys, buffers, **options)
             finally:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
