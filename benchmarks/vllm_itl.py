@@ -96,6 +96,9 @@ class Run:
     """Per timed arrival, the prompt tokens vLLM did not compute (``num_cached_tokens``)."""
     local_loaded: int = 0
     """Tokens the connector loaded during the local hits (0 when they are local hits)."""
+    steps: dict[str, list[int]] = field(default_factory=lambda: {"load": [], "local": []})
+    """Per timed arrival, the engine steps from ``add_request`` to its first token (one for a local hit:
+    an asynchronous load takes at least two, its receive being reported at the end of a step)."""
     waited: int = 0
     """Arrivals vLLM held in ``WAITING_FOR_REMOTE_KVS`` (loads asynchronous to the engine)."""
     unavailable: str | None = None
@@ -164,7 +167,7 @@ class Streams:
         began = time.perf_counter()
         self.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), self.arrival_params)
         waited = False
-        for _ in range(MAX_ARRIVAL_STEPS):
+        for steps in range(1, MAX_ARRIVAL_STEPS + 1):
             outputs = self.step(label)
             ended = time.perf_counter()
             waited |= any(  # vLLM may suffix the id it schedules under ("<id>-<random>")
@@ -176,6 +179,7 @@ class Streams:
             if mine:
                 if label is not None:
                     self.run.cached[label].append(mine[0].num_cached_tokens or 0)
+                    self.run.steps[label].append(steps)
                 break
         else:
             raise TimeoutError(f"{request_id}: no first token after {MAX_ARRIVAL_STEPS} steps")
@@ -322,7 +326,7 @@ def report(runs: Sequence[Run], arrivals: int) -> None:
           "read delay: a sleep before every backend read call\n")
     print(f"  {'delay':>6} {'mode':5} {'tier':17} {'ITL p50/p99 load':>17} {'ITL p50/p99 local':>18} "
           f"{'p99 x':>6} {'TTFT load/local':>16} {'TTFT x':>7} {'steady p50/p99':>15} {'n ITL':>9} "
-          f"{'reads':>5}  loaded from (tokens/arrival)")
+          f"{'reads':>5} {'steps':>5}  loaded from (tokens/arrival)")
     worst: dict[str, tuple[float, float]] = {}
     for r in runs:
         head = f"  {r.delay_ms:4g}ms {r.mode:5} {LABELS[r.tier]:17}"
@@ -337,7 +341,8 @@ def report(runs: Sequence[Run], arrivals: int) -> None:
         print(f"{head} {ms(load, 50):>7}/{ms(load, 99):<7}   {ms(local, 50):>7}/{ms(local, 99):<7}  "
               f"{itl_x:5.2f}x {statistics.median(r.ttft_load) * 1e3:7.0f}/{statistics.median(r.ttft_local) * 1e3:<6.0f}ms "
               f"{ttft_x:6.2f}x {ms(steady, 50):>7}/{ms(steady, 99):<7} {len(load):>4}/{len(local):<4} "
-              f"{r.reads / max(1, len(r.ttft_load)):5.1f}  {r.sources}"
+              f"{r.reads / max(1, len(r.ttft_load)):5.1f} {statistics.median(r.steps['load']):2g}/{statistics.median(r.steps['local']):<2g} "
+              f"{r.sources}"
               + (f"  ({r.waited} of {len(r.ttft_load) + len(r.ttft_local)} arrivals waited for remote KV)"
                  if r.waited else ""))
     print("\n  every timed arrival, TTFT ms (cached tokens), load / local hit:")
@@ -348,7 +353,9 @@ def report(runs: Sequence[Run], arrivals: int) -> None:
             print(f"    {r.delay_ms:g} ms {r.mode} {LABELS[r.tier]}: {pairs}"
                   + (f"; the connector loaded {r.local_loaded:,} tokens during the local hits" if r.local_loaded else ""))
     print("\n  ITL in ms; 'p99 x': ITL p99 during loads / during local hits; 'TTFT x': median of the pairs' ratios;"
-          " 'n ITL': samples (load/local); 'reads': backend read calls per load")
+          " 'n ITL': samples (load/local); 'reads': backend read calls per load; 'steps': engine steps from"
+          " add_request to the first token, median (load/local) — an asynchronous load's receive is reported at the"
+          " end of the step that started it, so its request computes a step later than a local hit's")
     for mode, (itl_x, ttft_x) in worst.items():
         print(f"  {mode}: worst ITL p99 {itl_x:.2f}x local (goal <= 1.1x: {'met' if itl_x <= 1.1 else 'missed'}), "
               f"worst TTFT {ttft_x:.2f}x local (goal <= 1.2x: {'met' if ttft_x <= 1.2 else 'missed'})")
