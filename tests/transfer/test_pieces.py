@@ -27,15 +27,25 @@ from tests.paged import LAYOUTS, Group, block_dim, empty_caches, make_spec, rand
 def test_pieces_keep_every_slice_below_the_limit_and_cover_each_word_once(
     runs: int, width: int, limit: int, expected: list[tuple[int, int, int, int]]
 ) -> None:
-    slab = torch.arange(runs * 5 * width).view(runs, 5, width)
+    # Runs adjacent in memory (blocks 5 * width apart): only these may share a piece.
+    slab = torch.arange(runs * 5 * width).view(5, runs, width).transpose(0, 1)
     found = _cpu.pieces(((7, slab),), limit)
     assert [(first - 7, count, start, stop) for first, count, start, stop, _ in found] == expected
     covered = torch.zeros_like(slab)
     for first, count, start, stop, view in found:
         assert count * (stop - start) < limit
+        assert view[:, 0].is_contiguous()
         assert torch.equal(view, slab[first - 7 : first - 7 + count, :, start:stop])
         covered[first - 7 : first - 7 + count, :, start:stop] += 1
     assert bool((covered == 1).all())
+
+
+def test_runs_apart_in_memory_are_pieces_of_their_own() -> None:
+    """K and V runs of a block lie a whole plane apart: together their slice is not dense, so each is a piece
+    (``index_select`` copies a dense slice with one ``memcpy``, any other id by id through a generic kernel)."""
+    slab = torch.arange(2 * 5 * 100).view(2, 5, 100)
+    found = _cpu.pieces(((0, slab),), 1000)
+    assert [(first, count, start, stop) for first, count, start, stop, _ in found] == [(0, 1, 0, 100), (1, 1, 0, 100)]
 
 
 def test_a_gather_at_vllm_cpu_block_size_is_a_few_index_selects() -> None:
