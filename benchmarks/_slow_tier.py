@@ -26,14 +26,18 @@ from typing import Any, ClassVar
 from capkv.config._options import ConnectorOptions, Option
 from capkv.connectors import FileStoreConnector, RedisStoreConnector
 from capkv.contracts._spec import KVSpec
-from capkv.stores import Backend, StoreConnector, StoreKey
+from capkv.stores import Backend, ReadsInto, StoreConnector, StoreKey
+from capkv.stores._backend import ReadsIntoParts
 
 __all__ = ["LOAD_MODES", "READS", "DelayedReads", "SlowFileStoreConnector", "SlowRedisStoreConnector", "built", "forget_built"]
 
 LOAD_MODES = ("sync", "async")
 
-READS = ("get", "get_into", "get_scattered")
-"""The backend members that read values (the contract's ``get`` and its optional fast paths)."""
+READS = tuple(sorted(
+    name for protocol in (Backend, ReadsInto, ReadsIntoParts) for name in vars(protocol) if name.startswith("get")
+))
+"""The backend members that read values: the contract's ``get`` and its optional fast paths, read from the
+protocols, so a new fast path cannot bypass the delay (``get_into_parts`` once did, unnoticed)."""
 
 
 class DelayedReads:
@@ -59,12 +63,12 @@ class DelayedReads:
             self.slow: bool = slow
 
     def _timed(self, read: Callable[..., Any]) -> Callable[..., Any]:
-        def delayed(*args: Any) -> Any:
+        def delayed(*args: Any, **kwargs: Any) -> Any:
             began = time.perf_counter()
             if self.delay_s:
                 time.sleep(self.delay_s)
             try:
-                return read(*args)
+                return read(*args, **kwargs)
             finally:
                 with self._lock:
                     self.reads += 1

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
-from benchmarks._slow_tier import DelayedReads, SlowFileStoreConnector, SlowRedisStoreConnector
+from benchmarks._slow_tier import (
+    LOAD_MODES, READS, DelayedReads, SlowFileStoreConnector, SlowRedisStoreConnector, built, forget_built,
+)
+from capkv.connectors import FileStoreConnector
 from capkv.errors import ConfigError
 from capkv.stores import MemoryBackend, PinningBackend, ReadsInto, StoreKey
 from capkv.stores._keys import BlockKey
+from tests.connectors.conftest import tokens
+from tests.connectors.engine import MiniEngine
+from tests.paged import Group, make_spec
 
 KEY = StoreKey(BlockKey(0, b"\x01" * 16), b"\x02" * 16, 4)
+GROUPS = [Group(16), Group(16, window=32)]
+PROMPT = tokens(30, 100)  # six full blocks in group 0; the window needs two of group 1's
 
 
 class FastPaths(MemoryBackend):
@@ -79,3 +88,28 @@ def test_the_slow_stores_take_their_store_options_and_the_two_new_ones(cls: type
         options.check({**base, "read_delay_ms": -1}, connector=cls.__name__)
     with pytest.raises(ConfigError, match="load_mode"):
         options.check({**base, "load_mode": "later"}, connector=cls.__name__)
+
+
+def test_the_read_members_are_the_backend_protocols_get_members() -> None:
+    """A fast path added to the backend contract is delayed without this module knowing of it."""
+    assert set(READS) == {"get", "get_into", "get_into_parts"}
+
+
+@pytest.mark.parametrize("load_mode", LOAD_MODES)
+def test_a_file_store_load_through_the_slow_tier_pays_the_delay(tmp_path: Path, load_mode: str) -> None:
+    """Whichever member the store reads with (``get_into_parts`` on the file store), the load waits and
+    is counted: a read that bypasses the wrapper would leave the benchmark's tier fast."""
+    spec = make_spec(GROUPS, num_blocks=64)
+    writer = FileStoreConnector(spec, root=tmp_path)
+    MiniEngine(spec, writer).run("first", PROMPT)
+    writer.shutdown()
+    forget_built()
+    reader = SlowFileStoreConnector(make_spec(GROUPS, num_blocks=64), root=tmp_path, read_delay_ms=20,
+                                    load_mode=load_mode)
+    began = time.perf_counter()
+    run = MiniEngine(reader.spec, reader).run("again", [*PROMPT, 1])
+    took = time.perf_counter() - began
+    reader.shutdown()
+    (delayed,) = built()
+    assert run.hit_tokens == 96 and not run.load_errors
+    assert delayed.reads >= 1 and delayed.read_seconds >= 0.02 * delayed.reads and took >= 0.02
