@@ -170,6 +170,7 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
                 connector=self._name, method="bind_connector_metadata", value=connector_metadata,
             )
         super().bind_connector_metadata(connector_metadata)
+        self._worker.receive(connector_metadata, "bind_connector_metadata")  # before the forward pass
 
     def _bound(self) -> StoreMetadata:
         metadata = self.connector_metadata

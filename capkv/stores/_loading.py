@@ -13,7 +13,7 @@ copy per chunk. So a load passes over the bytes in memory as often as a plain
 read does, and a damaged value never reaches the KV cache as KV: a backend that
 :class:`~capkv.stores._backend.ReadsIntoParts` (the file store) on a CPU KV cache
 reads each payload straight into the engine's block and the check runs there — one
-copy per load — and a value failing it is a load error like any other (the engine
+copy and one backend call per load — and a value failing it is a load error like any other (the engine
 recomputes the block or fails the request: it never computes on it).
 """
 
@@ -98,19 +98,12 @@ def load_chunks(
     outcome = LoadOutcome()
     in_place = isinstance(backend, ReadsIntoParts) and copier.device.type == "cpu"
     reads = _Reads(backend, chunks, owner, outcome, in_place=in_place)
+    if in_place:
+        _load_in_place(chunks, reads, copier, outcome)
+        return outcome
     for chunk in chunks:
         size = HEADER_SIZE + copier.block_nbytes(chunk.group)
         count = len(chunk.keys)
-        parts = copier.block_memory(chunk.group, chunk.block_ids) if in_place else None
-        if parts is not None:
-            _, headers = ring.take(count, HEADER_SIZE)
-            results = _read_checked(reads, chunk, headers, parts)
-            good_count = sum(result is ValueCheck.OK for result in results)
-            if good_count != count:
-                _tally_failures(chunk, results, outcome)
-            outcome.loaded += good_count
-            outcome.loaded_bytes += good_count * (size - HEADER_SIZE)
-            continue
         rows, memory = ring.take(count, size)
         lengths = reads.next(chunk, memory, size)
         results = check_memory(memory, size, chunk.keys, lengths)
@@ -127,16 +120,41 @@ def load_chunks(
     return outcome
 
 
-def _read_checked(reads: _Reads, chunk: Chunk, headers: memoryview, parts: list[list[memoryview]]) -> list[ValueCheck]:
-    """Read ``chunk`` in place, each value checked as it lands (in the CPU's cache); a value the read's
+def _load_in_place(
+    chunks: Sequence[Chunk], reads: _Reads, copier: capkv.transfer._copier.BlockCopier, outcome: LoadOutcome
+) -> None:
+    """Every chunk's values read straight into the engine's blocks in one backend call — one round trip
+    per load, as a step's ``get`` is, whatever its groups and size (no staging rows bound it: only the
+    headers are read aside) — each checked as it lands, then tallied chunk by chunk."""
+    keys: list[StoreKey] = []
+    parts: list[list[memoryview]] = []
+    for chunk in chunks:
+        keys += chunk.keys
+        parts += cast("list[list[memoryview]]", copier.block_memory(chunk.group, chunk.block_ids))  # on the CPU
+    results = _read_checked(reads, keys, memoryview(bytearray(len(keys) * HEADER_SIZE)), parts)
+    start = 0
+    for chunk in chunks:
+        count = len(chunk.keys)
+        mine = results[start : start + count]
+        start += count
+        good = sum(result is ValueCheck.OK for result in mine)
+        if good != count:
+            _tally_failures(chunk, mine, outcome)
+        outcome.loaded += good
+        outcome.loaded_bytes += good * copier.block_nbytes(chunk.group)
+
+
+def _read_checked(
+    reads: _Reads, keys: list[StoreKey], headers: memoryview, parts: list[list[memoryview]]
+) -> list[ValueCheck]:
+    """Read ``keys`` in place, each value checked as it lands (in the CPU's cache); a value the read's
     final answer reports otherwise (a miss after a later fault, another length) is judged by that answer."""
-    keys = chunk.keys
     early: dict[int, tuple[int, ValueCheck]] = {}
 
     def landed(index: int, length: int) -> None:
         early[index] = (length, check_part(headers, index, keys[index], length, parts[index]))
 
-    lengths = reads.into_parts(chunk, headers, parts, landed)
+    lengths = reads.into_parts(keys, headers, parts, landed)
     results: list[ValueCheck] = []
     for index, length in enumerate(lengths):
         checked = early.get(index)
@@ -189,12 +207,13 @@ class _Reads:
         self._outcome.read_failure = error
 
     def into_parts(
-        self, chunk: Chunk, headers: memoryview, payloads: list[list[memoryview]], landed: Callable[[int, int], None]
+        self, keys: list[StoreKey], headers: memoryview, payloads: list[list[memoryview]],
+        landed: Callable[[int, int], None],
     ) -> list[int | None]:
-        """Per key of ``chunk``, the bytes of its value read into its header row of ``headers`` and then
-        its payload's parts, in place (``None``: a miss); ``landed`` hears of each value as it arrives."""
+        """Per key, the bytes of its value read into its header row of ``headers`` and then its
+        payload's parts, in place (``None``: a miss); ``landed`` hears of each value as it arrives."""
         backend = cast("ReadsIntoParts", self._backend)
-        return self._answered(chunk.keys, "get_into_parts", lambda: backend.get_into_parts(chunk.keys, [
+        return self._answered(keys, "get_into_parts", lambda: backend.get_into_parts(keys, [
             [headers[i * HEADER_SIZE : (i + 1) * HEADER_SIZE], *payload] for i, payload in enumerate(payloads)
         ], landed=landed))
 

@@ -1,7 +1,7 @@
 """The worker side of a store: run the metadata's loads and saves against a backend.
 
-Loads run in ``start_load_kv`` (a slow backend's on the reader thread instead:
-:mod:`capkv.stores._reader`): read chunk by chunk into reused host rows, checked
+Loads run in ``start_load_kv`` (a slow backend's on the reader thread instead,
+started when the metadata is bound: :mod:`capkv.stores._reader`): read chunk by chunk into reused host rows, checked
 while hot (this key's value, of this layout and shard, whole, its checksum) and
 scattered into the engine's blocks (:mod:`capkv.stores._loading`). A damaged value
 is deleted from the backend and, like a missing one, is a load error of its group;
@@ -81,6 +81,8 @@ class StoreWorker:
         self._errors: LoadErrors = {}
         self._counts: Counter[str] = Counter()
         self._ran_through = self._reported_through = 0  # steps whose loads ran or started; last reported
+        self._receiving_through = 0
+        """The last step whose asynchronous loads were started."""
         self._reader = BackgroundLoads(backend, owner=owner)
         """The loads of requests the scheduler side answered ``load_async`` for (``StoreMetadata.receiving``)."""
         self._load_failed: set[str] = set()
@@ -167,16 +169,30 @@ class StoreWorker:
 
     # ---- loads -------------------------------------------------------------------------------
 
+    def receive(self, metadata: StoreMetadata, method: str) -> None:
+        """Start the step's asynchronous loads (``metadata.receiving``) on the reader thread
+        (:mod:`capkv.stores._reader`), once per step: as soon as the metadata is bound, so they overlap
+        the step's forward pass (vLLM calls ``start_load_kv`` after the forward when a step has no
+        synchronous load: on a CPU, whose forward is not launched but run, that would be a step lost).
+        Safe before the forward: the engine computes none of these requests until they are received."""
+        if metadata.step <= self._receiving_through or not metadata.receiving:
+            return
+        self._receiving_through = metadata.step
+        receiving = frozenset(metadata.receiving)
+        later = [move for move in metadata.loads if move.request_id in receiving]
+        copier = self.copier(method)
+        chunks = plan_chunks(later, self.store_key, self._sizes, self._reader.ring(copier))
+        self._reader.start(metadata.step, receiving, chunks, copier)
+
     def load(self, metadata: StoreMetadata) -> None:
         """Run the step's loads, chunk by chunk (:mod:`capkv.stores._loading`), and order the engine's
         stream after them; the loads of requests it receives asynchronously (``metadata.receiving``)
-        start on the reader thread instead (:mod:`capkv.stores._reader`)."""
+        are started by :meth:`receive`, here at the latest."""
         for group, block_id in metadata.unavailable:
             self._errors.setdefault(group, set()).add(block_id)
         self._load_failed = set()
         receiving = frozenset(metadata.receiving)
         now = [move for move in metadata.loads if move.request_id not in receiving]
-        later = [move for move in metadata.loads if move.request_id in receiving]
         if now:
             copier = self.copier("start_load_kv")
             ring = self._staging_ring(copier)
@@ -187,10 +203,7 @@ class StoreWorker:
             self._load_failed = outcome.failed_requests
             for handle in outcome.handles:
                 handle.stream_wait()
-        if receiving:
-            copier = self.copier("start_load_kv")
-            chunks = plan_chunks(later, self.store_key, self._sizes, self._reader.ring(copier))
-            self._reader.start(metadata.step, receiving, chunks, copier)
+        self.receive(metadata, "start_load_kv")
         self._ran_through = metadata.step  # stream-ordered: the engine reads them after this
 
     def _count_load(self, outcome: LoadOutcome) -> None:

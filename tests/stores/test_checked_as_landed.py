@@ -75,26 +75,27 @@ def test_a_fault_after_values_landed_fails_them_all(tmp_path: Path) -> None:
     run, told, connector = _load(tmp_path, then_raise)
     with pytest.raises(OSError, match="went away"):  # kept, and raised where the engine shuts the store down
         connector.shutdown()
-    assert [index for index, _ in told] == list(range(6))  # group 0's chunk; after the fault nothing is read
+    assert [index for index, _ in told] == list(range(LOADED))  # one read for the load, both groups
     assert sum(len(ids) for ids in run.load_errors.values()) == LOADED
 
 
 def test_a_backend_that_never_tells_is_still_checked(tmp_path: Path) -> None:
     """Values read without a word of landing are checked after the read: the good ones load, a damaged
-    one is a load error (one per read: each group's blocks are read together)."""
+    one is a load error (the read's first value, group 0's, and its last, group 1's)."""
     _stored(tmp_path)
 
     def silent_and_damaging(original: Any, keys: Any, parts: Any, landed: Any) -> Any:
         del landed
         counts = original(keys, parts)
-        last = parts[-1][-1]
-        last[len(last) - 1] ^= 0x5A  # the last payload byte of the read's last value
+        for value in (parts[0], parts[-1]):
+            last = value[-1]
+            last[len(last) - 1] ^= 0x5A  # the value's last payload byte
         return counts
 
     run, told, connector = _load(tmp_path, silent_and_damaging)
     connector.shutdown()
     assert not told
-    assert {group: len(ids) for group, ids in run.load_errors.items()} == {0: 1, 1: 1}  # one per read (group)
+    assert {group: len(ids) for group, ids in run.load_errors.items()} == {0: 1, 1: 1}
 
 
 @pytest.mark.parametrize("shortened", [0, 1])
@@ -104,9 +105,26 @@ def test_an_answer_other_than_what_landed_is_judged_by_the_answer(tmp_path: Path
 
     def answer_short(original: Any, keys: Any, parts: Any, landed: Any) -> Any:
         counts = list(original(keys, parts, landed=landed))
-        counts[shortened] = None if shortened else counts[shortened] - 1
+        for index in (shortened, len(counts) - 1 - shortened):  # one of group 0's values, one of group 1's
+            counts[index] = None if shortened else counts[index] - 1
         return counts
 
     run, _, connector = _load(tmp_path, answer_short)
     connector.shutdown()
-    assert {group: len(ids) for group, ids in run.load_errors.items()} == {0: 1, 1: 1}  # one per read (group)
+    assert {group: len(ids) for group, ids in run.load_errors.items()} == {0: 1, 1: 1}
+
+
+def test_a_load_is_one_backend_call_whatever_its_groups(tmp_path: Path) -> None:
+    """Both groups' values come in one ``get_into_parts``: a backend call is a round trip on a disk or a
+    network, and a load that paid one per group or per chunk stalled its step (or its receive) that often."""
+    _stored(tmp_path)
+    calls: list[int] = []
+
+    def counted(original: Any, keys: Any, parts: Any, landed: Any) -> Any:
+        calls.append(len(keys))
+        return original(keys, parts, landed=landed)
+
+    run, told, connector = _load(tmp_path, counted)
+    connector.shutdown()
+    assert run.hit_tokens == HIT and not run.load_errors
+    assert calls == [LOADED] and len(told) == LOADED
