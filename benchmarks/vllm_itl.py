@@ -98,7 +98,7 @@ class Run:
     """Tokens the connector loaded during the local hits (0 when they are local hits)."""
     steps: dict[str, list[int]] = field(default_factory=lambda: {"load": [], "local": []})
     """Per timed arrival, the engine steps from ``add_request`` to its first token (one for a local hit:
-    an asynchronous load takes at least two, its receive being reported at the end of a step)."""
+    an asynchronous load takes at least two, its receive being reported at the end of the step it ends in)."""
     waited: int = 0
     """Arrivals vLLM held in ``WAITING_FOR_REMOTE_KVS`` (loads asynchronous to the engine)."""
     unavailable: str | None = None
@@ -354,8 +354,9 @@ def report(runs: Sequence[Run], arrivals: int) -> None:
                   + (f"; the connector loaded {r.local_loaded:,} tokens during the local hits" if r.local_loaded else ""))
     print("\n  ITL in ms; 'p99 x': ITL p99 during loads / during local hits; 'TTFT x': median of the pairs' ratios;"
           " 'n ITL': samples (load/local); 'reads': backend read calls per load; 'steps': engine steps from"
-          " add_request to the first token, median (load/local) — an asynchronous load's receive is reported at the"
-          " end of the step that started it, so its request computes a step later than a local hit's")
+          " add_request to the first token, median (load/local) — an asynchronous load starts before its step's"
+          " forward pass and vLLM asks for receives right after it, so its request computes at least a step later"
+          " than a local hit's, and one more per forward pass the read outlasts")
     for mode, (itl_x, ttft_x) in worst.items():
         print(f"  {mode}: worst ITL p99 {itl_x:.2f}x local (goal <= 1.1x: {'met' if itl_x <= 1.1 else 'missed'}), "
               f"worst TTFT {ttft_x:.2f}x local (goal <= 1.2x: {'met' if ttft_x <= 1.2 else 'missed'})")

@@ -58,15 +58,15 @@ def test_keys_spread_loads_verify_and_a_killed_node_costs_only_its_keys(redis_cl
     assert victim is not None
     node = redis_cluster.node_at(victim)
     started = time.monotonic()
-    original = reader.connector.start_load_kv
+    original = reader.connector.bind_connector_metadata
 
-    def kill_then_load(forward_context: Any, **kwargs: Any) -> None:
+    def kill_then_load(metadata: Any, /) -> None:  # binding starts an asynchronous load
         node.kill()
-        original(forward_context, **kwargs)
+        original(metadata)
 
-    reader.connector.start_load_kv = kill_then_load
+    reader.connector.bind_connector_metadata = kill_then_load
     run = reader.run("during", PROMPTS[2] + [1])
-    reader.connector.start_load_kv = original
+    reader.connector.bind_connector_metadata = original
     assert run.hit_tokens == BLOCKS * 16
     for group in range(2):
         dead = {run.blocks[group][b] for b in range(BLOCKS) if where[group][b] == victim}

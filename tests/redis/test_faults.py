@@ -45,15 +45,16 @@ def stored(server: RedisServer) -> MiniEngine:
 
 
 def before_load(engine: MiniEngine, action: Callable[[], object]) -> None:
-    """Run ``action`` after the load was planned (hit offered, blocks allocated), before it runs."""
-    start_load_kv = engine.connector.start_load_kv
+    """Run ``action`` after the load was planned (hit offered, blocks allocated), before it runs: before
+    the worker's metadata is bound, where an asynchronous load starts."""
+    bind = engine.connector.bind_connector_metadata
 
-    def patched(forward_context: Any, **kwargs: Any) -> None:
+    def patched(metadata: Any, /) -> None:
         action()
-        engine.connector.start_load_kv = start_load_kv
-        start_load_kv(forward_context, **kwargs)
+        engine.connector.bind_connector_metadata = bind
+        bind(metadata)
 
-    engine.connector.start_load_kv = patched
+    engine.connector.bind_connector_metadata = patched
 
 
 def stats(engine: MiniEngine) -> dict[str, int]:
