@@ -1,10 +1,11 @@
 """The worker side of a store: run the metadata's loads and saves against a backend.
 
 Loads run in ``start_load_kv`` (a slow backend's on the reader thread instead,
-started when the metadata is bound: :mod:`capkv.stores._reader`): read chunk by chunk into reused host rows, checked
-while hot (this key's value, of this layout and shard, whole, its checksum) and
-scattered into the engine's blocks (:mod:`capkv.stores._loading`). A damaged value
-is deleted from the backend and, like a missing one, is a load error of its group;
+started when the metadata is bound: :mod:`capkv.stores._reader`): read chunk by
+chunk into reused host rows, checked while hot (this key's value, of this layout
+and shard, whole, its checksum) and scattered into the engine's blocks
+(:mod:`capkv.stores._loading`). A damaged value is deleted from the backend and,
+like a missing one, is a load error of its group;
 both are reported lost (``SaveReport.lost``), so the scheduler side stops offering
 them and may save the key again.
 
@@ -81,8 +82,9 @@ class StoreWorker:
         self._errors: LoadErrors = {}
         self._counts: Counter[str] = Counter()
         self._ran_through = self._reported_through = 0  # steps whose loads ran or started; last reported
-        self._receiving_through = 0
-        """The last step whose asynchronous loads were started."""
+        self._receiving_for: StoreMetadata | None = None
+        """The bound metadata whose asynchronous loads were started (binding and ``start_load_kv`` both start
+        them: once per metadata, whatever its step number says)."""
         self._reader = BackgroundLoads(backend, owner=owner)
         """The loads of requests the scheduler side answered ``load_async`` for (``StoreMetadata.receiving``)."""
         self._load_failed: set[str] = set()
@@ -175,9 +177,9 @@ class StoreWorker:
         the step's forward pass (vLLM calls ``start_load_kv`` after the forward when a step has no
         synchronous load: on a CPU, whose forward is not launched but run, that would be a step lost).
         Safe before the forward: the engine computes none of these requests until they are received."""
-        if metadata.step <= self._receiving_through or not metadata.receiving:
+        if metadata is self._receiving_for or not metadata.receiving:
             return
-        self._receiving_through = metadata.step
+        self._receiving_for = metadata
         receiving = frozenset(metadata.receiving)
         later = [move for move in metadata.loads if move.request_id in receiving]
         copier = self.copier(method)
