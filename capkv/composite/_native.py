@@ -6,7 +6,8 @@ stack's hottest members. When the engine's adapter carries the engine's own
 objects inside capkv's (vLLM's ``KVCacheBlocks`` inside the block ids, vLLM's
 ``KVConnectorOutput`` inside the output), the stack can hand them to such a
 child directly: one attribute read per call, and the child's own method per
-child, as the engine's own composite does. A child offers this through a
+child, as the engine's own composite does (none for a child whose member is its
+engine's base no-op). A child offers this through a
 ``native_calls`` attribute (:class:`NativeCalls`); the stack uses it only where
 the translation is nothing more than unwrapping (a child loading nothing, an
 output), and only when every child of the stack offers it (not through dev
@@ -27,7 +28,7 @@ from typing import Any, Final, Literal
 
 from capkv.composite._fanout import Failures
 
-__all__ = ["NOT_CARRIED", "NativeCalls", "NotCarried", "PassOutput", "native_calls"]
+__all__ = ["NOT_CARRIED", "IndexedCalls", "NativeCalls", "NotCarried", "PassOutput", "native_calls"]
 
 
 class NotCarried(Enum):
@@ -41,12 +42,13 @@ NOT_CARRIED: Final = NotCarried.NOT_CARRIED
 
 AllocCall = Callable[[Any, Any, int], None]
 OutputCall = Callable[[Any], None]
-PassOutput = Callable[
-    [tuple[OutputCall, ...], Any, tuple[object, ...] | None], Failures | None | Literal[NotCarried.NOT_CARRIED]
-]
+IndexedCalls = tuple[tuple[int, OutputCall], ...]
+"""``(child index, call)`` for each child whose output member does something (in child order)."""
+PassOutput = Callable[[IndexedCalls, Any, tuple[object, ...] | None], Failures | None | Literal[NotCarried.NOT_CARRIED]]
 """``(calls, output, shares)``: each call with the engine's output carried in ``output``, its worker-metadata
-field set to the call's share for the call (restored after; with no shares, left as it is when it holds none,
-else ``None`` for each); what the calls raised (every call made), or :data:`NOT_CARRIED` (no call made)."""
+field set to its child's share (``shares[index]``) for the call (restored after; with no shares, left as it is
+when it holds none, else ``None`` for each); what the calls raised, by child index (every call made), or
+:data:`NOT_CARRIED` (no call made)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +57,9 @@ class NativeCalls:
 
     update_state_after_alloc: AllocCall
     """The connector's own member, called with the engine's blocks when it loads nothing."""
-    update_connector_output: OutputCall
-    """The connector's own member, called with the engine's output (its worker metadata set to the child's)."""
+    update_connector_output: OutputCall | None
+    """The connector's own member, called with the engine's output (its worker metadata set to the child's);
+    ``None`` where it is its engine's base member, which does nothing: the stack calls nothing for it."""
     blocks: str
     """The attribute of capkv's block ids that carries the engine's blocks (read once per call, by name:
     one ``getattr`` costs less than a call into the adapter)."""

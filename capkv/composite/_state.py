@@ -19,7 +19,7 @@ from capkv.composite._completion import DroppedReports, ReceiveTracker, SendTrac
 from capkv.composite._fanout import TOLD, Failures, failure
 from capkv.composite._finish import Finisher
 from capkv.composite._metadata import Book, MultiConnectorMetadata, MultiWorkerMetadata
-from capkv.composite._native import PassOutput, native_calls
+from capkv.composite._native import IndexedCalls, PassOutput, native_calls
 from capkv.composite._plan import Plan
 from capkv.composite._settling import LoadSettling
 from capkv.contracts._connector import KVConnector
@@ -32,11 +32,10 @@ __all__ = ["UNSET", "ForeignLoads", "NativeStack", "StackState"]
 
 ForeignLoads = Callable[[Request, int, int, bool], None]
 """A child's ``loaded_elsewhere`` (see :class:`~capkv.contracts._tiers.KnowsForeignLoads`)."""
-NativeStack = tuple[
-    tuple[Callable[[Any, Any, int], None], ...], tuple[Callable[[Any], None], ...], str, PassOutput
-]
-"""Every child's own ``update_state_after_alloc`` and ``update_connector_output``, the attribute carrying
-the engine's blocks, and the adapter's function passing the engine's output: see :mod:`capkv.composite._native`."""
+NativeStack = tuple[tuple[Callable[[Any, Any, int], None], ...], IndexedCalls, str, PassOutput]
+"""Every child's own ``update_state_after_alloc``, the ``update_connector_output`` of those whose member does
+something (with their indices), the attribute carrying the engine's blocks, and the adapter's function passing
+the engine's output: see :mod:`capkv.composite._native`."""
 
 _M = TypeVar("_M", MultiConnectorMetadata, MultiWorkerMetadata)
 UNSET: Any = object()
@@ -145,7 +144,8 @@ class StackState(StackNode):
         natives = native_calls(children)
         self._native = None if natives is None else (
             tuple(n.update_state_after_alloc for n in natives),
-            tuple(n.update_connector_output for n in natives),
+            tuple((index, n.update_connector_output) for index, n in enumerate(natives)
+                  if n.update_connector_output is not None),
             natives[0].blocks, natives[0].pass_output,
         )
         self._foreign = tuple(

@@ -144,6 +144,10 @@ class VllmChild(Generic[_V]):
         self._allocated: Callable[[Any, KVCacheBlocks, int], None] = calls.update_state_after_alloc
         self._output: Callable[[VllmKVConnectorOutput], None] = calls.update_connector_output
         self._results: Callable[[set[str]], Any] = calls.get_transfer_results
+        self._output_is_base = (
+            getattr(self._output, "__func__", None) is KVConnectorBase_V1.update_connector_output
+        )
+        """vLLM's base ``update_connector_output`` does nothing: a stack need not call it (nor translate for it)."""
         # vLLM's base get_transfer_results only repackages get_finished: ask get_finished then.
         own = getattr(type(self._inner), "get_transfer_results", None)
         self._uses_get_finished = own is KVConnectorBase_V1.get_transfer_results
@@ -156,7 +160,8 @@ class VllmChild(Generic[_V]):
     def native_calls(self) -> NativeCalls:
         """The connector's own members, for a stack whose arguments carry vLLM's objects (the host's do):
         it unwraps them once per call instead of once per child (see :mod:`capkv.composite._native`)."""
-        return NativeCalls(self._allocated, self._output, blocks="kv_cache_blocks", pass_output=pass_output)
+        output = None if self._output_is_base else self._output
+        return NativeCalls(self._allocated, output, blocks="kv_cache_blocks", pass_output=pass_output)
 
     @property
     def wrapped(self) -> _V:
@@ -191,6 +196,8 @@ class VllmChild(Generic[_V]):
 
     def update_connector_output(self, connector_output: KVConnectorOutput, /) -> None:
         """vLLM's ``KVConnectorOutput``: the engine's own (with this child's worker metadata) when carried."""
+        if self._output_is_base:  # vLLM's no-op: nothing to translate for
+            return
         carried: VllmKVConnectorOutput | None = getattr(connector_output, "vllm_output", None)
         if carried is None:
             self._output(_to_vllm_output(connector_output))
