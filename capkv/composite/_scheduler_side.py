@@ -288,7 +288,11 @@ class SchedulerSide(FinishRoutine, StackState):
             self._savers = []
             self._loads = []
         metadata = MultiConnectorMetadata(tuple(metas), books)
-        self._settling.built(not failures)
+        settling = self._settling
+        if settling.unbuilt:
+            settling.built(not failures)
+        else:  # what built() does with no synchronous load to ship
+            settling.builds += 1
         if failures:
             self._unsent = books
             raise failure(type(self).__name__, self._names, "build_connector_meta", failures, ATTACHED,

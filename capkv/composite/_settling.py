@@ -49,13 +49,14 @@ class LoadSettling:
     no call per step in the common case.
     """
 
-    __slots__ = ("pending", "_unbuilt", "shipped", "builds", "outputs")
+    __slots__ = ("pending", "unbuilt", "shipped", "builds", "outputs")
 
     def __init__(self) -> None:
         self.pending: dict[str, list[list[int]]] = {}
         """Request id -> [[load number, first token, asynchronous (0/1), request live (0/1)], ...], in order."""
-        self._unbuilt: list[tuple[str, int]] = []
-        """Synchronous loads not yet in metadata that was built."""
+        self.unbuilt: list[tuple[str, int]] = []
+        """Synchronous loads not yet in metadata that was built (with none, a build only counts: the stack
+        does ``builds += 1`` inline, no call per step)."""
         self.shipped: list[tuple[int, str, int]] = []
         """(step, request id, load number) of synchronous loads, by the step whose metadata carried them."""
         self.builds = 0
@@ -70,15 +71,15 @@ class LoadSettling:
         else:
             entries.append(entry)
         if not load_async:
-            self._unbuilt.append((request_id, number))
+            self.unbuilt.append((request_id, number))
 
     def built(self, ok: bool) -> None:
         """A step's metadata was built; ``ok``: with the loads started since (a failed build re-sends them)."""
         self.builds += 1
-        if ok and self._unbuilt:
+        if ok and self.unbuilt:
             step = self.builds
-            self.shipped.extend((step, request_id, number) for request_id, number in self._unbuilt)
-            self._unbuilt = []
+            self.shipped.extend((step, request_id, number) for request_id, number in self.unbuilt)
+            self.unbuilt = []
 
     def output(self, finished_recving: object) -> None:
         """A step's output came back (``update_connector_output``)."""
@@ -141,14 +142,14 @@ class LoadSettling:
     def state(self) -> dict[str, object]:
         return {
             "pending": {request_id: [list(entry) for entry in entries] for request_id, entries in self.pending.items()},
-            "unbuilt": list(self._unbuilt), "shipped": list(self.shipped),
+            "unbuilt": list(self.unbuilt), "shipped": list(self.shipped),
             "builds": self.builds, "outputs": self.outputs,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         pending: Mapping[str, list[list[int]]] = state["pending"]
         self.pending = {request_id: [list(entry) for entry in entries] for request_id, entries in pending.items()}
-        self._unbuilt = [tuple(item) for item in state["unbuilt"]]
+        self.unbuilt = [tuple(item) for item in state["unbuilt"]]
         self.shipped = [tuple(item) for item in state["shipped"]]
         self.builds = state["builds"]
         self.outputs = state["outputs"]
