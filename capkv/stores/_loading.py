@@ -14,7 +14,9 @@ read does, and a damaged value never reaches the KV cache as KV: a backend that
 :class:`~capkv.stores._backend.ReadsIntoParts` (the file store) on a CPU KV cache
 reads each payload straight into the engine's block and the check runs there — one
 copy and one backend call per load — and a value failing it is a load error like any other (the engine
-recomputes the block or fails the request: it never computes on it).
+recomputes the block or fails the request: it never computes on it). A backend that only gets values (Redis)
+on a CPU KV cache has each value checked where the backend returned it and only a value that passes copied
+into its block, run by run: one copy there too, and the staging rows are for the other cases.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from capkv.stores._backend import Backend, ReadsInto, ReadsIntoParts, StoreKey
 from capkv.stores._keys import BlockKey
 from capkv.stores._metadata import BlockMove
 from capkv.stores._staging import StagingRing
-from capkv.stores._value import HEADER_SIZE, ValueCheck, check_memory, check_part
+from capkv.stores._value import HEADER_SIZE, ValueCheck, check_bytes, check_memory, check_part
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
     import capkv.transfer._copier
     import capkv.transfer._handle
 
 __all__ = ["Chunk", "LoadOutcome", "check_answers", "load_chunks", "plan_chunks"]
+
+_EMPTY = memoryview(b"")
 
 
 class Chunk:
@@ -96,10 +100,14 @@ def load_chunks(
     """Read, check and scatter ``chunks``; the scatters' handles are in the outcome (order the engine's
     stream after them). A backend that raises fails every block not read yet (kept in the outcome)."""
     outcome = LoadOutcome()
-    in_place = isinstance(backend, ReadsIntoParts) and copier.device.type == "cpu"
+    on_cpu = copier.device.type == "cpu"
+    in_place = on_cpu and isinstance(backend, ReadsIntoParts)
     reads = _Reads(backend, chunks, owner, outcome, in_place=in_place)
     if in_place:
         _load_in_place(chunks, reads, copier, outcome)
+        return outcome
+    if on_cpu and not isinstance(backend, ReadsInto):
+        _load_from_values(chunks, reads, copier, outcome)
         return outcome
     for chunk in chunks:
         size = HEADER_SIZE + copier.block_nbytes(chunk.group)
@@ -144,6 +152,30 @@ def _load_in_place(
         outcome.loaded_bytes += good * copier.block_nbytes(chunk.group)
 
 
+def _load_from_values(
+    chunks: Sequence[Chunk], reads: _Reads, copier: capkv.transfer._copier.BlockCopier, outcome: LoadOutcome
+) -> None:
+    """The values of the step's one ``get``, each checked where the backend put it and, if it passes,
+    copied straight into its engine block, run by run: one copy per load on a CPU (no host row between)."""
+    for chunk in chunks:
+        places = cast("list[list[memoryview]]", copier.block_memory(chunk.group, chunk.block_ids))  # on the CPU
+        results = reads.values_checked(chunk)
+        good = 0
+        for result, value, parts in zip(results, reads.checked_values, places, strict=True):
+            if result is not ValueCheck.OK:
+                continue
+            start = HEADER_SIZE
+            for part in parts:
+                end = start + len(part)
+                part[:] = value[start:end]
+                start = end
+            good += 1
+        if good != len(results):
+            _tally_failures(chunk, results, outcome)
+        outcome.loaded += good
+        outcome.loaded_bytes += good * copier.block_nbytes(chunk.group)
+
+
 def _read_checked(
     reads: _Reads, keys: list[StoreKey], headers: memoryview, parts: list[list[memoryview]]
 ) -> list[ValueCheck]:
@@ -181,7 +213,7 @@ def _tally_failures(chunk: Chunk, results: list[ValueCheck], outcome: LoadOutcom
 class _Reads:
     """The backend's side of a load: ``get_into`` per chunk, or one ``get`` for the whole step."""
 
-    __slots__ = ("_backend", "_into", "_outcome", "_owner", "_values")
+    __slots__ = ("_backend", "_into", "_outcome", "_owner", "_values", "checked_values")
 
     def __init__(
         self, backend: Backend, chunks: Sequence[Chunk], owner: str, outcome: LoadOutcome, *, in_place: bool = False
@@ -191,6 +223,8 @@ class _Reads:
         self._outcome = outcome
         self._into = isinstance(backend, ReadsInto)
         self._values: list[bytes | bytearray | memoryview | None] = []
+        self.checked_values: list[memoryview] = []
+        """The values :meth:`values_checked` judged last, as bytes (a miss's: empty)."""
         if not (self._into or in_place):
             keys = [key for chunk in chunks for key in chunk.keys]
             try:
@@ -229,6 +263,28 @@ class _Reads:
             self._fail(error)
             return [None] * len(keys)
         return [length if type(length) is int else None for length in lengths]
+
+    def values_checked(self, chunk: Chunk) -> list[ValueCheck]:
+        """Per key of ``chunk``, its value from the step's ``get`` judged where it lies (the values are
+        in :attr:`checked_values` until the next call); every key absent once the ``get`` raised."""
+        keys = chunk.keys
+        if self._outcome.read_failure is not None:
+            self.checked_values = [_EMPTY] * len(keys)
+            return [ValueCheck.ABSENT] * len(keys)
+        values = self._values
+        views: list[memoryview] = []
+        results: list[ValueCheck] = []
+        for key in keys:
+            value = values.pop()
+            if value is None:
+                views.append(_EMPTY)
+                results.append(ValueCheck.ABSENT)
+                continue
+            data = memoryview(value).cast("B")
+            views.append(data)
+            results.append(check_bytes(data, key))
+        self.checked_values = views
+        return results
 
     def next(self, chunk: Chunk, memory: memoryview, size: int) -> list[int | None]:
         """Per key of ``chunk``, how many bytes of its value are in its row of ``memory`` (``None``: a miss)."""

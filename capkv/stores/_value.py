@@ -43,6 +43,7 @@ __all__ = [
     "LAYOUT_SIZE",
     "ValueCheck",
     "ValueHeader",
+    "check_bytes",
     "check_memory",
     "check_value",
     "check_values",
@@ -137,6 +138,11 @@ def check_memory(
         _verdict(key, length, memory, index * stride, memory[index * stride + HEADER_SIZE : index * stride + key.nbytes])
         for index, (key, length) in enumerate(zip(keys, lengths, strict=True))
     ]
+
+
+def check_bytes(value: memoryview, key: StoreKey) -> ValueCheck:
+    """:func:`check_memory` of one value where a backend returned it (``B``-format bytes, header first)."""
+    return _verdict(key, len(value), value, 0, value[HEADER_SIZE : key.nbytes])
 
 
 def check_part(headers: memoryview, index: int, key: StoreKey, length: int | None, payload: Sequence[memoryview]) -> ValueCheck:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+import torch
 
 from capkv import CapkvError, KVSpec
 from capkv.stores import Backend, MemoryBackend, StoreConnector, StoreKey
@@ -88,3 +89,29 @@ def test_what_is_not_a_backend_is_refused_by_name(backend: object) -> None:
     with pytest.raises(CapkvError, match="backend") as caught:  # production: ArgumentError; dev mode: the type contract
         StoreConnector(spec, backend)  # type: ignore[arg-type]
     assert "StoreConnector" in str(caught.value)
+
+
+def test_a_damaged_value_from_a_get_only_backend_never_reaches_the_engines_block() -> None:
+    """On a CPU KV cache a ``get`` backend's values are checked where it returned them and only those
+    that pass are copied into blocks: the damaged value's block keeps what it held (the engine's compute
+    is switched off here, so nothing else writes it), its neighbours hold the stored KV."""
+    spec = make_spec(WINDOWED, num_blocks=64)
+    backend = MemoryBackend()
+    writer = MiniEngine(spec, StoreConnector(spec, backend))
+    writer.run("seed", PROMPT)
+    writer.connector.flush()
+    damaged_key = sorted(backend.values, key=repr)[3]
+    value = bytearray(backend.values[damaged_key])
+    value[-1] ^= 0x01
+    backend.values[damaged_key] = bytes(value)
+    reader = MiniEngine(spec, StoreConnector(spec, backend), seed=1)
+    reader.compute = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    before = {name: tensor.clone() for name, tensor in reader._ints.items()}  # the engine scribbled every block
+    run = reader.run("again", [*PROMPT, 1], finish=False)
+    (group, failed), = run.load_errors.items()
+    (block_id,) = failed
+    layers = spec.groups[group].layer_names
+    assert all(torch.equal(reader._block(name, block_id), before[name].select(1, block_id)) for name in layers), (
+        "the damaged value was copied in"
+    )
+    assert sum(map(len, run.loaded.values())) == 7  # checked bit for bit by the engine
