@@ -147,16 +147,7 @@ def pass_output(
                 except Exception as exc:
                     failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
             return failures
-        try:
-            for index, call in calls:
-                carried.kv_connector_worker_meta = None
-                try:
-                    call(carried)
-                except Exception as exc:
-                    failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-        finally:
-            carried.kv_connector_worker_meta = saved
-        return failures
+        shares = (None,) * (calls[-1][0] + 1 if calls else 0)  # no share for any child: None for each call
     try:
         for index, call in calls:
             carried.kv_connector_worker_meta = shares[index]
