@@ -159,9 +159,9 @@ def _load_from_values(
     copied straight into its engine block, run by run: one copy per load on a CPU (no host row between)."""
     for chunk in chunks:
         places = cast("list[list[memoryview]]", copier.block_memory(chunk.group, chunk.block_ids))  # on the CPU
-        results = reads.values_checked(chunk)
+        results, values = reads.values_checked(chunk)
         good = 0
-        for result, value, parts in zip(results, reads.checked_values, places, strict=True):
+        for result, value, parts in zip(results, values, places, strict=True):
             if result is not ValueCheck.OK:
                 continue
             start = HEADER_SIZE
@@ -213,7 +213,7 @@ def _tally_failures(chunk: Chunk, results: list[ValueCheck], outcome: LoadOutcom
 class _Reads:
     """The backend's side of a load: ``get_into`` per chunk, or one ``get`` for the whole step."""
 
-    __slots__ = ("_backend", "_into", "_outcome", "_owner", "_values", "checked_values")
+    __slots__ = ("_backend", "_into", "_outcome", "_owner", "_values")
 
     def __init__(
         self, backend: Backend, chunks: Sequence[Chunk], owner: str, outcome: LoadOutcome, *, in_place: bool = False
@@ -223,8 +223,6 @@ class _Reads:
         self._outcome = outcome
         self._into = isinstance(backend, ReadsInto)
         self._values: list[bytes | bytearray | memoryview | None] = []
-        self.checked_values: list[memoryview] = []
-        """The values :meth:`values_checked` judged last, as bytes (a miss's: empty)."""
         if not (self._into or in_place):
             keys = [key for chunk in chunks for key in chunk.keys]
             try:
@@ -264,13 +262,12 @@ class _Reads:
             return [None] * len(keys)
         return [length if type(length) is int else None for length in lengths]
 
-    def values_checked(self, chunk: Chunk) -> list[ValueCheck]:
-        """Per key of ``chunk``, its value from the step's ``get`` judged where it lies (the values are
-        in :attr:`checked_values` until the next call); every key absent once the ``get`` raised."""
+    def values_checked(self, chunk: Chunk) -> tuple[list[ValueCheck], list[memoryview]]:
+        """Per key of ``chunk``, its value from the step's ``get`` judged where it lies, and the value as
+        bytes (a miss's: empty); every key absent once the ``get`` raised."""
         keys = chunk.keys
         if self._outcome.read_failure is not None:
-            self.checked_values = [_EMPTY] * len(keys)
-            return [ValueCheck.ABSENT] * len(keys)
+            return [ValueCheck.ABSENT] * len(keys), [_EMPTY] * len(keys)
         values = self._values
         views: list[memoryview] = []
         results: list[ValueCheck] = []
@@ -283,8 +280,7 @@ class _Reads:
             data = memoryview(value).cast("B")
             views.append(data)
             results.append(check_bytes(data, key))
-        self.checked_values = views
-        return results
+        return results, views
 
     def next(self, chunk: Chunk, memory: memoryview, size: int) -> list[int | None]:
         """Per key of ``chunk``, how many bytes of its value are in its row of ``memory`` (``None``: a miss)."""
