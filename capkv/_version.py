@@ -6,4 +6,4 @@ exports it as ``capkv.__version__`` — so an editable install, a wheel and a
 checkout on ``PYTHONPATH`` all report the code they run.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"

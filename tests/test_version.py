@@ -56,7 +56,8 @@ def metadata_version(wheel: Path) -> tuple[str, zipfile.ZipFile]:
 
 
 def test_the_version_is_a_release_number() -> None:
-    assert re.fullmatch(r"\d+\.\d+\.\d+", capkv.__version__)
+    """A release (``0.2.0``) or, between releases, the next one in development (``0.3.0.dev0``)."""
+    assert re.fullmatch(r"\d+\.\d+\.\d+(\.dev\d+)?", capkv.__version__)
     assert "__version__" in dir(capkv)
 
 
@@ -76,7 +77,7 @@ def test_an_editable_install_carries_the_version_capkv_reports(source: Path) -> 
 def test_the_changelog_has_a_section_for_this_version() -> None:
     """Unreleased work names the version it becomes; a released version has its own heading."""
     changelog = (ROOT / "CHANGELOG.md").read_text()
-    version = re.escape(capkv.__version__)
-    released = re.search(rf"^## \[{version}\]", changelog, re.MULTILINE)
+    version = re.escape(capkv.__version__.partition(".dev")[0])
+    released = re.search(rf"^## \[{version}\]", changelog, re.MULTILINE) if ".dev" not in capkv.__version__ else None
     unreleased = re.search(rf"^## \[Unreleased\]\n\nTo be released as {version} ", changelog, re.MULTILINE)
     assert released or unreleased, capkv.__version__
