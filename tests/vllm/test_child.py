@@ -369,7 +369,7 @@ def test_vllm_connectors_are_named_as_vllm_names_them() -> None:
 def test_the_wrapped_vllm_connectors_of_a_stack_are_found_for_vllm_only_calls() -> None:
     a, b = build(HMARecorder), build(HMARecorder)
     stack = capkv.MultiConnector(wrap(a), capkv.MultiConnector(wrap(b)))
-    from capkv.adapters.vllm._child import vllm_connectors
+    from capkv.adapters.vllm._vllm_calls import vllm_connectors
 
     assert vllm_connectors(stack) == [a, b]
     assert vllm_connectors(capkv.devmode.instrument(stack, capkv.KVSpec(num_groups=2, num_blocks=64, null_block_id=0))) == [a, b]

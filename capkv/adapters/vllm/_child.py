@@ -2,23 +2,8 @@
 
 A vLLM connector fails capkv's contract on six members (the block type, vLLM's
 output class, two class-level calls with arguments, the handshake dict, the flat
-load-error set). The wrapper translates each, so a vLLM connector can sit in a
-:class:`~capkv.MultiConnector` next to capkv's own.
-
-HMA capability follows vLLM's own rule, nominally, at run time *and* statically:
-a wrapped connector is HMA-capable exactly when its class derives from vLLM's
-``SupportsHMA``. :func:`wrap`'s overloads type it :class:`HMAVllmChild` then and
-:class:`VllmChild` otherwise, and at run time only :class:`HMAVllmChild` has
-``request_finished_all_groups``. vLLM's own ``MultiConnector`` derives from
-``SupportsHMA`` whatever its children are; its real capability is its children's,
-which only the built object knows: statically it does not prove HMA (like an
-``Any`` child), at run time its sub-connectors decide.
-
-Load errors: vLLM reports a flat set of block ids. A block id belongs to one
-KV-cache group at a time, so the scheduler side records the block tables of the
-requests it plans to load and ships them to the worker side in its metadata;
-the worker side attributes each failed id to its group. An id no planned load
-holds is a :class:`~capkv.ContractError` — never guessed.
+load-error set); the wrapper translates each. It is HMA-capable exactly when vLLM's
+rule says so (:func:`is_hma_vllm_connector`), statically too (:func:`wrap`'s overloads).
 """
 
 from __future__ import annotations
@@ -45,7 +30,7 @@ from capkv.adapters.vllm._carry import (
     attribute_load_errors,
     pass_output,
 )
-from capkv.capabilities._hma import StackNode
+from capkv.adapters.vllm._translate import to_vllm_output
 from capkv.composite._native import NativeCalls
 from capkv.contracts._engine import (
     AttentionMetadata,
@@ -67,7 +52,6 @@ __all__ = [
     "HMAVllmChild",
     "VllmChild",
     "is_hma_vllm_connector",
-    "vllm_connectors",
     "wrap",
     "wrap_configured",
 ]
@@ -200,7 +184,7 @@ class VllmChild(Generic[_V]):
             return
         carried: VllmKVConnectorOutput | None = getattr(connector_output, "vllm_output", None)
         if carried is None:
-            self._output(_to_vllm_output(connector_output))
+            self._output(to_vllm_output(connector_output))
             return
         worker_meta: Any = connector_output.worker_meta
         saved = carried.kv_connector_worker_meta
@@ -368,21 +352,6 @@ class HMAVllmChild(VllmChild[_HV]):
         return cast("SupportsHMA", self._inner).request_finished_all_groups(cast("Any", request), block_ids)
 
 
-def vllm_connectors(node: object) -> list[KVConnectorBase_V1]:
-    """The vLLM connectors wrapped anywhere in a capkv stack, in stack order.
-
-    A host forwards to them the vLLM calls capkv's contract has no member for
-    (``bind_kv_cache_manager``, ``on_new_request``, ``reset_cache``, ...): the
-    wrapper passes the contract's members, these go to the connectors themselves.
-    """
-    if isinstance(node, StackNode):
-        return [found for child in node.children for found in vllm_connectors(child)]
-    if getattr(node.__class__, "__capkv_wrapper__", False) is True:
-        wrapped: object = getattr(node, "wrapped")
-        return [wrapped] if isinstance(wrapped, KVConnectorBase_V1) else vllm_connectors(wrapped)
-    return []
-
-
 def _check_connector(cls: type[Any], connector: object) -> None:
     """A wrapper takes a vLLM connector; the HMA wrapper only a ``SupportsHMA`` one."""
     if not isinstance(connector, KVConnectorBase_V1):
@@ -401,18 +370,6 @@ def _check_connector(cls: type[Any], connector: object) -> None:
             method="__init__",
             value=connector,
         )
-
-
-def _to_vllm_output(output: KVConnectorOutput) -> VllmKVConnectorOutput:
-    invalid: set[int] = set()
-    for block_ids in output.invalid_block_ids.values():
-        invalid |= block_ids
-    return VllmKVConnectorOutput(
-        finished_sending=set(output.finished_sending) or None,
-        finished_recving=set(output.finished_recving) or None,
-        kv_connector_worker_meta=cast("Any", output.worker_meta),
-        invalid_block_ids=invalid,
-    )
 
 
 @overload
@@ -453,10 +410,6 @@ def wrap_configured(
     child: VllmChild[Any] = wrap(cast("Any", connector), vllm_config=vllm_config, null_block_id=null_block_id)
     vars(child)["_cls"] = cls
     return child
-
-
-wrap_vllm_connector = wrap
-"""The name the host's builder used first."""
 
 
 publish(__name__, "capkv.vllm")

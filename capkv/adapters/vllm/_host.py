@@ -45,7 +45,6 @@ from vllm.v1.request import Request
 
 from capkv._homes import publish
 from capkv.adapters.vllm._carry import PPHandshakes, block_ids_from_vllm
-from capkv.adapters.vllm._child import vllm_connectors
 from capkv.adapters.vllm._contain import Contained
 from capkv.adapters.vllm._host_class import ClassLevelMembers
 from capkv.adapters.vllm._host_stats import StatsMembers, stats_key
@@ -56,7 +55,7 @@ from capkv.adapters.vllm._request import read_vllm_requests
 from capkv.adapters.vllm._spec import engine_shard, engine_spec
 from capkv.adapters.vllm._stack import Engine, build_hosted, configured_fact
 from capkv.adapters.vllm._translate import SITS_OUT, HostHandshake, HostMetadata, to_capkv_output
-from capkv.adapters.vllm._vllm_calls import leaves, wrapped_vllm
+from capkv.adapters.vllm._vllm_calls import leaves, vllm_connectors, wrapped_vllm
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE
 from capkv.capabilities._hma import StackNode
 from capkv.capabilities._serving import finish_request, require_hma

@@ -37,6 +37,7 @@ __all__ = [
     "host_worker_meta",
     "stack_worker_meta",
     "to_capkv_output",
+    "to_vllm_output",
 ]
 
 
@@ -153,4 +154,17 @@ def to_capkv_output(
         worker_meta=stack_worker_meta(meta, composite),
         invalid_block_ids={group: frozenset(ids) for group, ids in meta.errors.items()},
         vllm_output=output,
+    )
+
+
+def to_vllm_output(output: KVConnectorOutput) -> VllmKVConnectorOutput:
+    """capkv's output as vLLM's (load errors flat: a block id belongs to one group at a time)."""
+    invalid: set[int] = set()
+    for block_ids in output.invalid_block_ids.values():
+        invalid |= block_ids
+    return VllmKVConnectorOutput(
+        finished_sending=set(output.finished_sending) or None,
+        finished_recving=set(output.finished_recving) or None,
+        kv_connector_worker_meta=cast("Any", output.worker_meta),
+        invalid_block_ids=invalid,
     )

@@ -26,7 +26,7 @@ from capkv.contracts._connector import KVConnector
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["VllmOnlyMembers", "load_plans", "serving_leaves"]
+__all__ = ["VllmOnlyMembers", "load_plans", "serving_leaves", "vllm_connectors"]
 
 
 def serving_leaves(stack: object, request_id: str, tokens: int) -> list[tuple[object, int]]:
@@ -59,6 +59,21 @@ def load_plans(stack: object) -> dict[str, Plan] | None:
     writes reach the composite); ``None`` for a stack that keeps none."""
     plans: object = getattr(_bare(stack), "_plans", None)
     return cast("dict[str, Plan]", plans) if isinstance(plans, dict) else None
+
+
+def vllm_connectors(node: object) -> list[KVConnectorBase_V1]:
+    """The vLLM connectors wrapped anywhere in a capkv stack, in stack order.
+
+    A host forwards to them the vLLM calls capkv's contract has no member for
+    (``bind_kv_cache_manager``, ``on_new_request``, ``reset_cache``, ...): the
+    wrapper passes the contract's members, these go to the connectors themselves.
+    """
+    if isinstance(node, StackNode):
+        return [found for child in node.children for found in vllm_connectors(child)]
+    if getattr(node.__class__, "__capkv_wrapper__", False) is True:
+        wrapped: object = getattr(node, "wrapped")
+        return [wrapped] if isinstance(wrapped, KVConnectorBase_V1) else vllm_connectors(wrapped)
+    return []
 
 
 def wrapped_vllm(leaf: object) -> KVConnectorBase_V1 | None:
