@@ -3,16 +3,17 @@
 A module is public when no part of its dotted name starts with ``_``; its names
 are its ``__all__`` (or, without one, its attributes not starting with ``_``
 other than modules). Prints the module count, the names summed over modules
-(``capkv.KVSpec`` and ``capkv.contracts.KVSpec`` count twice: both are API a
-refactor must keep), and the distinct objects behind them.
+(``capkv.KVSpec`` and ``capkv.errors.ConfigError`` count once per module: both
+are API a refactor must keep), and the distinct objects behind them. A module
+that declares itself deprecated (``__deprecated__``, as capkv 0.2.0's shims of
+0.1.0 modules did) is counted apart: it is not part of the surface.
 
-Modules kept only for compatibility (capkv 0.1.0's, which warn on every name:
-they set ``__deprecated__``) are counted apart, with the deprecated names the
-fronts and those modules still serve (``capkv._deprecations``).
-
-Run from a checkout: ``python benchmarks/public_surface.py [ROOT]`` (ROOT: the
-directory holding ``capkv/``, default this checkout — point it at an export of
-another commit to compare).
+Run from a checkout: ``python benchmarks/public_surface.py [--names] [ROOT]``
+(ROOT: the directory holding ``capkv/``, default this checkout — point it at a
+worktree of another commit to compare). ``--names`` prints the surface itself,
+one ``module:name`` a line, sorted: ``tests/data/surface-<release>.txt`` is that
+output for a release (see that file's header for the exact command). Run it
+with vLLM installed to include ``capkv.vllm``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def public_names(module: types.ModuleType) -> list[str]:
 
 
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent).resolve()
+    args = sys.argv[1:]
+    listing = "--names" in args
+    args = [arg for arg in args if arg != "--names"]
+    root = Path(args[0] if args else Path(__file__).resolve().parent.parent).resolve()
     os.environ["CAPKV_DEV"] = "0"
     sys.path.insert(0, str(root))
     import capkv
@@ -44,7 +48,7 @@ def main() -> None:
         raise SystemExit(f"imported capkv from {capkv.__file__}, not from {root}")
     modules = ["capkv"] + [m.name for m in pkgutil.walk_packages(capkv.__path__, "capkv.")]
     public = [m for m in modules if not any(part.startswith("_") for part in m.split("."))]
-    names = 0
+    surface: list[str] = []
     objects: set[int] = set()
     failed: list[str] = []
     deprecated_modules: list[str] = []
@@ -58,21 +62,18 @@ def main() -> None:
             deprecated_modules.append(name)
             continue
         exported = public_names(module)
-        names += len(exported)
+        surface += [f"{name}:{n}" for n in exported]
         objects.update(id(getattr(module, n)) for n in exported)
+    if listing:
+        for line in failed:
+            print(f"not importable here: {line}", file=sys.stderr)
+        print("\n".join(sorted(surface)))
+        return
     print(f"capkv at {root}")
     print(f"  importable modules: {len(modules)}, public: {len(public) - len(deprecated_modules)}", end="")
     print(f" (+ {len(deprecated_modules)} deprecated, kept for compatibility)" if deprecated_modules else "")
-    print(f"  public names (summed over public modules): {names}")
+    print(f"  public names (summed over public modules): {len(surface)}")
     print(f"  distinct public objects: {len(objects)}")
-    try:
-        table = importlib.import_module("capkv._deprecations")
-    except ImportError:
-        pass
-    else:
-        served = sum(len(n) for n in table.DEPRECATED.values())
-        removed = sum(len(n) for n in table.REMOVED.values())
-        print(f"  deprecated names still served (with a DeprecationWarning): {served}; removed names explained: {removed}")
     for line in failed:
         print(f"  not importable here: {line}")
 

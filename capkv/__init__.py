@@ -56,16 +56,6 @@ if TYPE_CHECKING:
         SubConnectorError,
     )
 
-    # Deprecated (capkv._deprecations): names that left this front; each read warns with its new home.
-    from typing_extensions import deprecated
-
-    from capkv._deprecations import signature_of
-    from capkv.devmode import _instrument
-
-    @deprecated("capkv.instrument is deprecated (capkv 0.2.0, removed in 0.3.0): use capkv.devmode.instrument")
-    @signature_of(_instrument.instrument)
-    def instrument() -> None: ...
-
 __all__ = [
     "ArgumentError",
     "AttentionMetadata",

@@ -30,16 +30,10 @@ from typing import TYPE_CHECKING
 
 from capkv._lazy import attach
 
-if not TYPE_CHECKING:  # checkers read the imports below (see capkv._lazy); registered before the plugin loads
+if not TYPE_CHECKING:  # registered before the plugin loads, so plugin.__module__ is this front
     __getattr__, __dir__ = attach(__name__, {"capkv._mypy_plugin": ["plugin"]})
 
 from capkv._mypy_plugin import plugin  # noqa: E402 - mypy looks the entry point up as a plain attribute
-
-if TYPE_CHECKING:
-    # Deprecated (capkv._deprecations): names that left this front; each read warns with its new home.
-    from capkv._mypy_plugin import CAPKV_HMA as CAPKV_HMA
-    from capkv._mypy_plugin import SUPPORTED_MYPY as SUPPORTED_MYPY
-    from capkv._mypy_plugin import CapkvPlugin as CapkvPlugin
 
 __all__ = ["plugin"]
 

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 import capkv
-from capkv import _deprecations
 
 ROOT = Path(capkv.__file__).resolve().parent
 
@@ -176,9 +175,6 @@ INTERNAL_PACKAGES = {"capkv.capabilities", "capkv.contracts"}
 ADAPTER_PACKAGES = {"capkv.adapters", "capkv.adapters.vllm"}
 """Engine adapters: private by their docstrings (their front is ``capkv.vllm``); to be renamed ``_adapters``."""
 
-DEPRECATED_MODULES = (set(_deprecations.DEPRECATED) | set(_deprecations.REMOVED)) - set(FRONTS) - INTERNAL_PACKAGES
-"""capkv 0.1.0's modules, kept as shims that warn (tests/test_deprecations.py): they export nothing new."""
-
 OPTIONAL = {"capkv.vllm": "vllm"}
 """Fronts that need an optional dependency to import: pinned where it is installed."""
 
@@ -203,25 +199,16 @@ def public_modules() -> list[str]:
 
 
 def test_no_module_outside_the_fronts_is_public() -> None:
-    assert set(public_modules()) == set(FRONTS) | INTERNAL_PACKAGES | ADAPTER_PACKAGES | DEPRECATED_MODULES
-
-
-@pytest.mark.parametrize("module", sorted(DEPRECATED_MODULES))
-def test_deprecated_modules_export_nothing(module: str) -> None:
-    shim = importlib.import_module(module)
-    assert shim.__all__ == []
-    assert "deprecated" in shim.__deprecated__
+    assert set(public_modules()) == set(FRONTS) | INTERNAL_PACKAGES | ADAPTER_PACKAGES
 
 
 def test_inside_capkv_packages_every_module_is_private() -> None:
     """On disk too: ``capkv/<package>/`` holds its front (``__init__.py``) and ``_name`` modules only."""
     internal_dirs = {ROOT.parent.joinpath(*package.split(".")) for package in INTERNAL_PACKAGES | ADAPTER_PACKAGES}
-    shims = {ROOT.parent.joinpath(*module.split(".")).with_suffix(".py") for module in DEPRECATED_MODULES}
     public = [
         str(path.relative_to(ROOT.parent))
         for path in ROOT.glob("*/**/*.py")
-        if path not in shims
-        and (not path.name.startswith("_") or not (path.parent == ROOT or path.parent in internal_dirs | {
+        if (not path.name.startswith("_") or not (path.parent == ROOT or path.parent in internal_dirs | {
             ROOT.parent.joinpath(*front.split(".")) for front in FRONTS}))
     ]
     assert public == []
@@ -245,7 +232,7 @@ def test_internal_packages_export_nothing(package: str) -> None:
 
 @pytest.mark.parametrize("front", sorted(FRONTS | {p: [] for p in INTERNAL_PACKAGES}))
 def test_dir_shows_the_fronts_names_and_nothing_else(front: str) -> None:
-    """No helper (``attach``, ``TYPE_CHECKING``, ``annotations``) in ``dir()`` or the namespace; deprecated names hidden."""
+    """No helper (``attach``, ``TYPE_CHECKING``, ``annotations``) in ``dir()`` or the namespace."""
     module = load(front)
     shown = {name for name in dir(module) if not name.startswith("_")}
     below = {name for name in shown if isinstance(getattr(module, name), types.ModuleType)}
@@ -254,7 +241,7 @@ def test_dir_shows_the_fronts_names_and_nothing_else(front: str) -> None:
     helpers = {
         name for name, value in vars(module).items() if not name.startswith("_") and not isinstance(value, types.ModuleType)
     } - set(module.__all__)
-    assert helpers <= set(_deprecations.DEPRECATED.get(front, ())), helpers  # cached deprecated reads aside
+    assert helpers == set(), helpers
 
 
 @pytest.mark.parametrize("front", sorted(FRONTS))
@@ -272,9 +259,9 @@ def test_what_checkers_read_is_what_the_interpreter_gives(front: str) -> None:
         if isinstance(node, ast.ImportFrom) and node.module is not None:
             source = importlib.import_module(node.module)
             imported.update({a.name: getattr(source, a.name) for a in node.names if not a.name.startswith("_")})
-    helpers = set(_deprecations.DEPRECATED.get(front, ())) | {"deprecated", "signature_of", "attach", "before_loading", "require_vllm"}
+    helpers = {"attach", "before_loading", "require_vllm"}
     imported = {name: value for name, value in imported.items() if name not in helpers and not name.startswith("_")}
-    assert sorted(imported) == sorted(module.__all__)  # the deprecated names: tests/test_deprecations.py
+    assert sorted(imported) == sorted(module.__all__)
     for name, value in imported.items():
         assert getattr(module, name) is value, name
 

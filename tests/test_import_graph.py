@@ -18,7 +18,7 @@ import capkv
 PACKAGE = Path(capkv.__file__).resolve().parent
 
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundation", {"capkv._version", "capkv._homes", "capkv._deprecations", "capkv._lazy", "capkv._torch", "capkv.errors"}),
+    ("foundation", {"capkv._version", "capkv._homes", "capkv._lazy", "capkv._torch", "capkv.errors"}),
     ("contracts", {"capkv.contracts"}),
     ("capabilities", {"capkv.capabilities"}),
     ("composite, devmode, config", {"capkv.composite", "capkv.devmode", "capkv.config"}),

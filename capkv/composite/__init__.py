@@ -15,12 +15,6 @@ if TYPE_CHECKING:
     from capkv.composite._completion import Drop, DroppedReports
     from capkv.composite._metadata import NOT_BUILT
 
-    # Deprecated (capkv._deprecations): names that left this front; each read warns with its new home.
-    from capkv.composite._metadata import MultiConnectorMetadata as MultiConnectorMetadata
-    from capkv.composite._metadata import MultiWorkerMetadata as MultiWorkerMetadata
-    from capkv.composite._multi import HMAMultiConnector as HMAMultiConnector
-    from capkv.composite._multi import MultiConnector as MultiConnector
-
 __all__ = ["NOT_BUILT", "Drop", "DroppedReports"]
 
 if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)

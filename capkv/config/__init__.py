@@ -17,23 +17,6 @@ if TYPE_CHECKING:
     from capkv.config._options import ConnectorOptions, Option, check_extra_config, declared_options
     from capkv.config._registry import ENTRY_POINT_GROUP, ConnectorRegistry, default_registry, register_connector
 
-    # Deprecated (capkv._deprecations): names that left this front; each read warns with its new home.
-    from typing_extensions import deprecated
-
-    from capkv._deprecations import signature_of
-    from capkv.config import _loader
-    from capkv.config import _registry
-    from capkv.config._build import FACTORY_HOOK as FACTORY_HOOK
-    from capkv.config._registry import BUILTIN_CONNECTORS as BUILTIN_CONNECTORS
-
-    @deprecated("capkv.config.read_config_file is deprecated (capkv 0.2.0, removed in 0.3.0): it is internal, with no public replacement")
-    @signature_of(_loader.read_config_file)
-    def read_config_file() -> None: ...
-
-    @deprecated("capkv.config.resolve_connector is deprecated (capkv 0.2.0, removed in 0.3.0): it is internal, with no public replacement")
-    @signature_of(_registry.resolve_connector)
-    def resolve_connector() -> None: ...
-
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BuildContext",

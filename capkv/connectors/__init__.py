@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from capkv.connectors._redis_store import RedisStoreConnector
     from capkv.connectors._single_group import SingleGroupOffloadConnector
 
-    # Deprecated (capkv._deprecations): names that left this front; each read warns with its new home.
-    from capkv.connectors._cpu_offload import HostPoolConnector as HostPoolConnector
-    from capkv.stores._metadata import BlockMove as BlockMove
-
 __all__ = [
     "BlockKey",
     "CPUOffloadConnector",

@@ -27,27 +27,6 @@ if TYPE_CHECKING:
     from capkv.engine._verify import VerificationError
     from capkv.engine._workload import Workload
 
-    # Deprecated (capkv._deprecations): names that left this front; each read warns with its new home.
-    from capkv.engine._block_pool import BlockPool as BlockPool
-    from capkv.engine._block_tables import BlockTables as BlockTables
-    from capkv.engine._block_tables import LocalHit as LocalHit
-    from capkv.engine._compute import KVFunction as KVFunction
-    from capkv.engine._kv_cache import PagedKVCache as PagedKVCache
-    from capkv.engine._kv_cache import Slots as Slots
-    from capkv.engine._model import KV_LAYOUT as KV_LAYOUT
-    from capkv.engine._model import NULL_BLOCK_ID as NULL_BLOCK_ID
-    from capkv.engine._outputs import ForwardContext as ForwardContext
-    from capkv.engine._outputs import LoadCheck as LoadCheck
-    from capkv.engine._outputs import ModelRunnerOutput as ModelRunnerOutput
-    from capkv.engine._outputs import ScheduledRequest as ScheduledRequest
-    from capkv.engine._outputs import SchedulerOutput as SchedulerOutput
-    from capkv.engine._request import Request as Request
-    from capkv.engine._request import RequestStatus as RequestStatus
-    from capkv.engine._scheduler import Scheduler as Scheduler
-    from capkv.engine._verify import Verifier as Verifier
-    from capkv.engine._worker import LayerAttentionMetadata as LayerAttentionMetadata
-    from capkv.engine._worker import Worker as Worker
-
 __all__ = [
     "FULL",
     "SLIDING",

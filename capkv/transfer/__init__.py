@@ -13,21 +13,6 @@ if TYPE_CHECKING:
     from capkv.transfer._handle import CopyHandle
     from capkv.transfer._layout import spec_block_nbytes
 
-    # Deprecated (capkv._deprecations): names that left this front; each read warns with its new home.
-    from typing_extensions import deprecated
-
-    from capkv._deprecations import signature_of
-    from capkv.transfer import _runs
-    from capkv.transfer._handle import CudaEventCopy as CudaEventCopy
-    from capkv.transfer._handle import FinishedCopy as FinishedCopy
-    from capkv.transfer._layout import GroupRuns as GroupRuns
-    from capkv.transfer._layout import KVLayout as KVLayout
-    from capkv.transfer._runs import LayerRuns as LayerRuns
-
-    @deprecated("capkv.transfer.layer_runs is deprecated (capkv 0.2.0, removed in 0.3.0): it is internal, with no public replacement")
-    @signature_of(_runs.layer_runs)
-    def layer_runs() -> None: ...
-
 __all__ = ["BlockCopier", "CopyHandle", "spec_block_nbytes"]
 
 if not TYPE_CHECKING:  # checkers read the imports above (see capkv._lazy)

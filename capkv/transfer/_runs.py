@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from capkv.errors import ConfigError
@@ -39,22 +39,6 @@ def word_dtype(word: int) -> torch.dtype:
     """A dtype ``word`` bytes wide (a copy moves raw words: the dtype only sets the width)."""
     dtype: torch.dtype = getattr(torch, _WORD_DTYPE_NAMES[word])
     return dtype
-
-
-@cache
-def _word_dtypes() -> dict[int, torch.dtype]:
-    return {word: word_dtype(word) for word in WORD_SIZES}
-
-
-if TYPE_CHECKING:
-    WORD_DTYPES: dict[int, torch.dtype]
-    """capkv 0.1.0's word size -> dtype table (``capkv.transfer.runs.WORD_DTYPES``, deprecated)."""
-else:
-
-    def __getattr__(name: str) -> object:
-        if name == "WORD_DTYPES":  # built when first read, since it needs torch
-            return _word_dtypes()
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def widest_word(*byte_quantities: int) -> int:

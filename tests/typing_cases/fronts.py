@@ -1,9 +1,9 @@
 """The lazy fronts type exactly: every export has its real type, and a name a front lacks is an error.
 
 The fronts resolve names at run time with a module ``__getattr__`` that type
-checkers never see (it would make every misspelling ``Any``). Names capkv 0.1.0
-exported and 0.2.0 moved (``capkv.instrument``) still type-check, as deprecated:
-``tests/test_deprecations.py``.
+checkers never see (it would make every misspelling ``Any``). Names 0.2.0
+deprecated and 0.3.0 removed (``capkv.instrument``, ``capkv.engine.Request``) are
+errors too.
 """
 
 from __future__ import annotations
@@ -37,3 +37,6 @@ capkv.connectors.CPUOffload  # expect-error
 capkv.instrumented  # expect-error
 from capkv.engine import Requests  # expect-error
 from capkv.devmode import check_block_id  # expect-error
+capkv.instrument  # expect-error
+from capkv.engine import Request  # expect-error
+from capkv.contracts import KVSpec as ContractsKVSpec  # expect-error
