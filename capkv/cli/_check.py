@@ -8,7 +8,7 @@ the classes, before anything is built, with the same explanation as
 
 Each fact — layout, piecewise CUDA graphs, finished count — comes from the
 first place that knows it: the node's class, when its member is class-level
-(:func:`capkv.capabilities.class_fact`); for a ``MultiConnector`` node, its
+(:func:`capkv.capabilities._facts.class_fact`); for a ``MultiConnector`` node, its
 children's answers combined by the very rule ``MultiConnector`` applies
 (:mod:`capkv.composite._agreement`), so a conflict found before building reads
 exactly as the built stack would raise it; otherwise the connector built from

@@ -6,7 +6,7 @@ every fact of every node; :func:`tree_lines` renders the result, one line per
 node, numbered as every error message numbers children (``#2.2``).
 
 Each fact comes from the first place that knows it: the node's class, when its
-member is class-level (:func:`capkv.capabilities.class_fact`); for a
+member is class-level (:func:`capkv.capabilities._facts.class_fact`); for a
 ``MultiConnector`` node, its children's answers combined by the very rule
 ``MultiConnector`` applies (:mod:`capkv.composite._agreement`), so a conflict found
 before building reads exactly as the built stack would raise it; otherwise the

@@ -4,7 +4,7 @@ Three members of :class:`~capkv.KVConnector` state facts rather than do work —
 ``get_required_kvcache_layout``, ``get_finished_count`` and
 ``requires_piecewise_for_cudagraph``. When a connector's answer does not depend
 on how it is configured, declaring the member class-level lets ``capkv check``
-(:func:`capkv.capabilities.class_fact`) answer from the class alone, for
+(:func:`capkv.capabilities._facts.class_fact`) answer from the class alone, for
 connectors that cannot be built without the engine's objects.
 
 A plain ``classmethod`` satisfies the protocol member too, but mypy and pyright
