@@ -1,7 +1,7 @@
 """The contracts: what connectors are, what engines hand them, and the KV-cache shape.
 
-Implementation only: every name here lives in a private module and is public
-from :mod:`capkv` (``capkv.KVConnector``, ``capkv.KVSpec``, ...).
+Implementation only (every name is public from :mod:`capkv`); open ``_connector.py`` first, the protocol
+everything else checks against.
 """
 
 __all__: list[str] = []

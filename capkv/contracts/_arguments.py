@@ -1,16 +1,7 @@
 """Arguments of public constructors and entry points, checked in production.
 
-Static types do not reach every caller: configuration files, command lines and
-untyped code pass ``True`` where an ``int`` is meant (``bool`` *is* an ``int`` to
-Python), ``1.5`` or ``inf`` for a count, ``"abc"`` where a sequence of names is
-meant (a ``str`` is a sequence of one-letter names), ``"float16"`` where a
-``torch.dtype`` is. Each of these would be accepted and fail later, far away,
-or silently mean something else. These checks run whatever the dev-mode switch
-says and raise :class:`~capkv.errors.ArgumentError` naming the owner, the
-parameter and the value.
-
-Nothing here imports torch: a value can only be a ``torch.dtype`` or
-``torch.device`` if torch is already imported.
+Configuration files and untyped callers reach past static types; a wrong value fails here, as an
+:class:`~capkv.errors.ArgumentError` naming the owner, the parameter and the value, not later and far away.
 """
 
 from __future__ import annotations
@@ -86,6 +77,9 @@ def require_int(
 
     Integer-like objects that are not ``bool`` (numpy integers) are accepted
     through ``__index__``, and returned as a plain ``int``.
+
+    Configuration and untyped callers pass ``True`` (``bool`` *is* an ``int`` to Python), ``1.5`` or ``inf``
+    for a count: each would be accepted and fail later, or silently mean something else.
     """
     number: int | None = None
     if type(value) is int:
@@ -137,7 +131,10 @@ def require_str(
 def require_names(
     value: object, owner: str, parameter: str, *, group: int | None = None, method: str | None = None
 ) -> tuple[str, ...]:
-    """A tuple or list of distinct non-empty ``str`` names, as a tuple; a lone ``str`` is refused."""
+    """A tuple or list of distinct non-empty ``str`` names, as a tuple; a lone ``str`` is refused.
+
+    A ``str`` is a sequence of one-letter names to Python: ``"abc"`` would otherwise pass as three names.
+    """
     expected = "a tuple of distinct non-empty str names"
     if not isinstance(value, tuple | list):
         raise argument_error(owner, parameter, value, expected, group=group, method=method)
@@ -166,7 +163,10 @@ def require_shape(
 
 
 def require_dtype(value: object, owner: str, parameter: str = "dtype", *, optional: bool = True) -> Any:
-    """``value`` when it is a ``torch.dtype`` (or ``None`` when ``optional``); a dtype's *name* is refused."""
+    """``value`` when it is a ``torch.dtype`` (or ``None`` when ``optional``); a dtype's *name* is refused.
+
+    torch is not imported for the check: a value can only be a ``torch.dtype`` if torch is already imported.
+    """
     if value is None and optional:
         return None
     torch = sys.modules.get("torch")

@@ -1,10 +1,6 @@
 """An optional base class with the contract's optional members filled in.
 
-A concrete connector writes only the seven members that carry its logic; the
-rest default to "nothing to do". The three facts (layout, finished count,
-piecewise CUDA graphs) default at class level, so ``capkv check`` knows them
-without building the connector. Nothing requires inheriting this class: the
-contract is the :class:`~capkv.KVConnector` protocol.
+A connector then writes only the members that carry its logic; nothing requires inheriting it.
 """
 
 from __future__ import annotations
@@ -39,7 +35,13 @@ __all__ = ["KVConnectorBase"]
 
 
 class KVConnectorBase(ABC, Generic[RequestT]):
-    """Defaults for every optional member of :class:`~capkv.KVConnector`."""
+    """Defaults for every optional member of :class:`~capkv.KVConnector`.
+
+    A concrete connector writes only the seven members that carry its logic; the rest default to "nothing to
+    do". The three facts (layout, finished count, piecewise CUDA graphs) default at class level, so ``capkv
+    check`` knows them without building the connector. Nothing requires inheriting this class: the contract is
+    the :class:`~capkv.KVConnector` protocol.
+    """
 
     _connector_metadata: object = None
 

@@ -1,12 +1,7 @@
 """Block-id contracts: what the ids handed to a transfer call must be.
 
-A request's block ids are one list per KV-cache group. Every id is an ``int``
-(not a ``bool``) inside the pool, and no real block appears twice in a group —
-only the null block, which sliding-window groups put where blocks left the
-window. A block copy pairs source and destination ids one to one and never
-writes one destination twice. Each check raises :class:`~capkv.ContractError`
-naming the connector, the method, the group, the position, the value and the
-rule; valid input is decided by whole-list builtins (:mod:`capkv.contracts._id_scan`).
+A bad id would read or overwrite another request's KV; each check names the connector, the method, the group,
+the position and the value (:class:`~capkv.ContractError`).
 """
 
 from __future__ import annotations
@@ -24,7 +19,13 @@ __all__ = [
 
 
 def check_block_groups(spec: KVSpec, block_ids: object, *, connector: str, method: str, subject: str = "block_ids") -> None:
-    """``block_ids`` has one list per KV-cache group of ``spec``, each of valid, unrepeated ids."""
+    """``block_ids`` has one list per KV-cache group of ``spec``, each of valid, unrepeated ids.
+
+    A request's block ids are one list per KV-cache group. Every id is an ``int`` (not a ``bool``) inside the
+    pool, and no real block appears twice in a group — only the null block, which sliding-window groups put
+    where blocks left the window. Valid input is decided by whole-list builtins
+    (:mod:`capkv.contracts._id_scan`).
+    """
     _check_groups(spec, block_ids, spec.num_blocks, spec.null_block_id, connector, method, subject)
 
 

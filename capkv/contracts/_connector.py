@@ -1,14 +1,6 @@
 """The connector contract: what an engine may call on a KV-cache connector.
 
-Names and argument order follow vLLM's v1 connector API so engine authors feel at
-home. Parameters are positional-only, so an implementation may name them as it
-likes — except in the two methods that also take ``**kwargs`` (``start_load_kv``,
-``save_kv_layer``): there a renamed parameter could collide with a keyword, so
-checkers rightly insist on vLLM's names. Conformance is structural: any class with these members *is* a
-:class:`KVConnector` — inheriting :class:`~capkv.KVConnectorBase` is optional.
-
-The contract is generic in the request type a connector accepts (``KVConnector[R]``);
-a bare ``KVConnector`` accepts connectors written for any request type.
+Named and ordered like vLLM's v1 connector API, so engine authors feel at home; conformance is structural.
 """
 
 from __future__ import annotations
@@ -45,7 +37,16 @@ RequestT = TypeVar("RequestT", bound=Request, contravariant=True, default=Any)
 
 @runtime_checkable
 class KVConnector(Protocol[RequestT]):
-    """A KV-cache connector: scheduler-side and worker-side members, in vLLM's order."""
+    """A KV-cache connector: scheduler-side and worker-side members, in vLLM's order.
+
+    Parameters are positional-only, so an implementation may name them as it likes — except in the two methods
+    that also take ``**kwargs`` (``start_load_kv``, ``save_kv_layer``): there a renamed parameter could
+    collide with a keyword, so checkers rightly insist on vLLM's names. Any class with these members *is* a
+    ``KVConnector``: inheriting :class:`~capkv.KVConnectorBase` is optional.
+
+    The contract is generic in the request type a connector accepts (``KVConnector[R]``); a bare
+    ``KVConnector`` accepts connectors written for any request type.
+    """
 
     # ---- scheduler side -------------------------------------------------------
 

@@ -1,10 +1,6 @@
 """The engine-side objects a connector is handed, as capkv sees them.
 
-capkv is engine-agnostic: it only names what it actually reads. A request needs a
-``request_id``; everything the composite merely passes through (scheduler output,
-forward context, attention metadata, connector metadata, events) is *opaque* —
-typed ``Any`` where a connector receives it, so that each engine's own classes fit,
-and ``object`` where a connector returns it.
+capkv names only what it reads, so each engine's own classes fit: what it merely passes through is opaque.
 """
 
 from __future__ import annotations
@@ -70,7 +66,12 @@ it checks nothing."""
 
 @runtime_checkable
 class Request(Protocol):
-    """What capkv itself needs of a request: its id."""
+    """What capkv itself needs of a request: its id.
+
+    A request needs a ``request_id``; everything the composite merely passes through (scheduler output,
+    forward context, attention metadata, connector metadata, events) is *opaque* — typed ``Any`` where a
+    connector receives it, so that each engine's own classes fit, and ``object`` where a connector returns it.
+    """
 
     @property
     def request_id(self) -> str: ...

@@ -1,24 +1,7 @@
 """Exhaustive checks of block-id lists, at C speed when the ids are valid.
 
-beartype samples one element of a list; a contract must see every id, and a
-Python loop costs ~30 ns per id. So the common case — everything valid — is
-decided by whole-list builtins (:func:`all_valid`), and only a list that fails
-is walked in Python (:func:`first_bad_id`) to say exactly what is wrong where.
-
-Exact ``int`` ids are recognised through :mod:`marshal`. Format 0 writes a list
-as ``[`` and a 4-byte length, and an ``int`` that fits in 32 bits as ``i`` and 4
-little-endian bytes: when every group is a plain list of such ints, the bytes
-after the tuple header are a grid of 5-byte records whose first bytes spell
-``[ii…[i…`` exactly. Anything else — a ``bool`` (``T``/``F``), a float, a big
-int, a string, a nested list — is either refused by :mod:`marshal` (``int``
-subclasses, numpy integers) or starts on the grid with another code, because
-every element before the first odd one is a 5-byte record. The last byte of a
-record is the sign byte, so ``isascii()`` over that column says no id is negative.
-
-What is left — the upper bound and repeats — is a ``set`` and a ``max`` per
-group, or, for many ids, a few vectorised torch operations over the same bytes.
-Memory follows the ids checked, never the pool size: a pool of 2**31 blocks
-costs no more to check than one of 2,048.
+A contract must see every id (beartype samples one element), and a Python loop costs ~30 ns per id: valid
+lists are decided by whole-list builtins, and only a failing one is walked to say what is wrong where.
 """
 
 from __future__ import annotations
@@ -76,6 +59,18 @@ def all_valid(groups: tuple[object, ...], num_blocks: int, repeatable: int | Non
     ``repeatable`` (the null block) may occur any number of times; ``None``: no id
     may repeat; ``distinct=False``: any id may. ``False`` means "look closer" with :func:`first_bad_id`: it may
     also be a valid but unusual input (a list subclass, an id of 2**31 or more).
+
+    Exact ``int`` ids are recognised through :mod:`marshal`. Format 0 writes a list as ``[`` and a 4-byte
+    length, and an ``int`` that fits in 32 bits as ``i`` and 4 little-endian bytes: when every group is a
+    plain list of such ints, the bytes after the tuple header are a grid of 5-byte records whose first bytes
+    spell ``[ii…[i…`` exactly. Anything else — a ``bool`` (``T``/``F``), a float, a big int, a string, a
+    nested list — is either refused by :mod:`marshal` (``int`` subclasses, numpy integers) or starts on the
+    grid with another code, because every element before the first odd one is a 5-byte record. The last byte
+    of a record is the sign byte, so ``isascii()`` over that column says no id is negative.
+
+    What is left — the upper bound and repeats — is a ``set`` and a ``max`` per group, or, for many ids, a few
+    vectorised torch operations over the same bytes. Memory follows the ids checked, never the pool size: a
+    pool of 2**31 blocks costs no more to check than one of 2,048.
     """
     lists = cast("tuple[list[int], ...]", groups)  # only if the bytes below say so
     try:

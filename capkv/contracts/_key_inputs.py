@@ -1,26 +1,6 @@
-"""What a request carries besides its tokens that decides its KV — and so whether stored KV may be reused.
+"""What a request carries besides its tokens that decides its KV.
 
-Two requests with the same tokens share KV only when nothing else that feeds
-the model differs. vLLM's prefix cache draws the line, and capkv follows it
-(``vllm/v1/core/kv_cache_utils.py``, ``generate_block_hash_extra_keys``):
-
-- ``cache_salt``: a tenant's salt; requests with different salts never share
-  (vLLM folds it into the first block, so it reaches every block of the chain);
-- ``adapter``: the LoRA adapter (vLLM: its name and path; re-pointing a name at
-  other weights is another adapter);
-- ``multimodal``: per item, a hash of its content and where its placeholder
-  tokens sit in the prompt (the placeholder tokens are alike for any image);
-- ``prompt_embeds``: per prompt position fed an embedding instead of a token,
-  a digest of that embedding (its token id is a placeholder).
-
-A request that carries any of these offers them as :class:`KeyInputs` — as the
-``key_inputs`` attribute (:class:`KeyedRequest`: capkv's engine and
-``capkv.testing`` do), or through a reader registered for its class (an engine
-whose request class capkv does not own: vLLM's, in :mod:`capkv.adapters.vllm`).
-A plain token request has none. Values are checked: a wrong type is an
-:class:`~capkv.errors.ArgumentError` naming the field, and a ``key_inputs``
-that is not a :class:`KeyInputs` a :class:`~capkv.ContractError` naming the
-connector, the method and the request.
+Stored KV may be reused only where all of it matches; capkv draws the line where vLLM's prefix cache does.
 """
 
 from __future__ import annotations
@@ -59,7 +39,26 @@ class MultimodalItem:
 
 @dataclass(frozen=True, slots=True)
 class KeyInputs:
-    """A request's inputs besides its tokens that change its KV (see the module's rule)."""
+    """A request's inputs besides its tokens that change its KV.
+
+    Two requests with the same tokens share KV only when nothing else that feeds the model differs. vLLM's
+    prefix cache draws the line, and capkv follows it (``vllm/v1/core/kv_cache_utils.py``,
+    ``generate_block_hash_extra_keys``):
+
+    - ``cache_salt``: a tenant's salt; requests with different salts never share
+      (vLLM folds it into the first block, so it reaches every block of the chain);
+    - ``adapter``: the LoRA adapter (vLLM: its name and path; re-pointing a name at
+      other weights is another adapter);
+    - ``multimodal``: per item, a hash of its content and where its placeholder
+      tokens sit in the prompt (the placeholder tokens are alike for any image);
+    - ``prompt_embeds``: per prompt position fed an embedding instead of a token,
+      a digest of that embedding (its token id is a placeholder).
+
+    A request that carries any of these offers them as ``KeyInputs`` — as the ``key_inputs`` attribute
+    (:class:`KeyedRequest`: capkv's engine and ``capkv.testing`` do), or through a reader registered for its
+    class (:func:`register_key_inputs`). A plain token request has none. Values are checked: a wrong type is
+    an :class:`~capkv.errors.ArgumentError` naming the field.
+    """
 
     cache_salt: str | None = None
     """Keeps a tenant's KV apart: requests with other salts (or none) never share it. ``""`` is no salt."""
@@ -107,12 +106,19 @@ _readers: dict[type, KeyInputsReader] = {}
 
 
 def register_key_inputs(cls: type, reader: KeyInputsReader) -> None:
-    """Read the key inputs of requests of class ``cls`` (and its subclasses) with ``reader``."""
+    """Read the key inputs of requests of class ``cls`` (and its subclasses) with ``reader``.
+
+    For an engine whose request class capkv does not own: vLLM's, in :mod:`capkv.adapters.vllm`.
+    """
     _readers[cls] = reader
 
 
 def request_key_inputs(request: object, *, connector: str, method: str) -> KeyInputs | None:
-    """``request``'s key inputs (``None`` when it has none), checked."""
+    """``request``'s key inputs (``None`` when it has none), checked.
+
+    A ``key_inputs`` that is not a :class:`KeyInputs` is a :class:`~capkv.ContractError` naming the connector,
+    the method and the request.
+    """
     reader = next((_readers[cls] for cls in type(request).__mro__ if cls in _readers), None)
     value: object = reader(request) if reader is not None else getattr(request, "key_inputs", None)
     if value is None:

@@ -1,10 +1,7 @@
 """KV-tensor contracts: the tensors handed to a connector match the engine's KV cache.
 
-Each layer's paged KV tensor has its group's shape template, and the spec's
-dtype and device; when the spec names its layers, a tensor is for one of them,
-and ``register_kv_caches`` gets one for every one of them. Only metadata is read — shape, dtype, device — never values:
-reading a CUDA tensor's values would synchronise the device on every call.
-What the spec leaves out (``None``) is not checked.
+Only metadata is read (shape, dtype, device), never values: reading a CUDA tensor's values would synchronise
+the device on every call.
 """
 
 from __future__ import annotations
@@ -26,7 +23,11 @@ __all__ = ["check_kv_cache_types", "check_kv_caches", "check_kv_tensor"]
 def check_kv_tensor(
     spec: KVSpec, layer_name: str, tensor: object, *, connector: str, method: str, subject: str = "kv_layer"
 ) -> None:
-    """``tensor`` is layer ``layer_name``'s paged KV: its group's shape, the spec's dtype and device."""
+    """``tensor`` is layer ``layer_name``'s paged KV: its group's shape, the spec's dtype and device.
+
+    When the spec names its layers, a tensor is for one of them, and ``register_kv_caches`` gets one for every
+    one of them (:func:`check_kv_caches`). What the spec leaves out (``None``) is not checked.
+    """
     # Fields and cached mappings only: in dev mode, capkv's methods run under beartype.
     group = spec.layer_groups.get(layer_name)
     if group is None and spec.layer_groups:

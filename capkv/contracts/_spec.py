@@ -1,10 +1,6 @@
 """The engine's KV-cache shape, as the contracts check it and the copy ops walk it.
 
-One :class:`KVSpec` describes the whole paged cache: how many KV-cache groups
-(one per attention kind under the hybrid allocator), how many blocks the pool
-has, which id is the null block, and — optionally — each group's layers, block
-size, sliding window and per-layer tensor shape. Everything optional is checked
-only when given, so a spec can be as coarse as the engine knows.
+Everything optional is checked only when given, so a spec can be as coarse as the engine knows.
 """
 
 from __future__ import annotations
@@ -92,7 +88,13 @@ class KVGroupSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class KVSpec:
-    """The paged KV cache an engine serves from."""
+    """The paged KV cache an engine serves from.
+
+    One ``KVSpec`` describes the whole paged cache: how many KV-cache groups (one per attention kind under the
+    hybrid allocator), how many blocks the pool has, which id is the null block, and — optionally — each
+    group's layers, block size, sliding window and per-layer tensor shape. Everything optional is checked only
+    when given, so a spec can be as coarse as the engine knows.
+    """
 
     num_groups: int
     num_blocks: int

@@ -1,22 +1,7 @@
 """What a connector declares to be one tier of a stack whose hits add up.
 
-A :class:`~capkv.MultiConnector` asks its children in order, each beyond what
-the earlier ones can load: a child is asked ``get_num_new_matched_tokens(request,
-local_hit + loaded_so_far)`` and loads only its own slice. That is safe only for
-a child written for it — one that reads ``num_computed_tokens`` as "every token
-before this is in the engine's blocks, or will be by the time the request runs"
-and loads nothing before it. vLLM's own connectors do not promise that (several
-record the argument as the local hit, or load every block without a hash), so
-the capability is declared, not assumed: :func:`loads_slices` is ``False``
-unless the connector's ``loads_slices()`` says ``True``. A child that does not
-load slices is asked at the local hit, as vLLM's ``MultiConnector`` asks it, and
-loads only when no child before it had a hit (the first-hit rule).
-
-:class:`KnowsForeignLoads` is the second, optional half: a child that saves
-what the engine computes learns which token ranges other children loaded, and
-whether the stack wants them saved there too (promotion into a faster tier);
-:class:`KnowsFailedLoads`, on the worker side, that a load of the step failed
-somewhere in the stack, so that it saves nothing computed on (or loaded as) it.
+Loading a slice beyond the engine's local hit is safe only for a child written for it, so the capability is
+declared, never assumed.
 """
 
 from __future__ import annotations
@@ -36,6 +21,15 @@ def loads_slices(connector: object) -> bool:
     Read from its ``loads_slices()`` member (class-level where the class declares
     it so, see :func:`~capkv.class_level`); a connector without one does not.
     A composite answers for its children (every one must).
+
+    A :class:`~capkv.MultiConnector` asks its children in order, each beyond what the earlier ones can load: a
+    child is asked ``get_num_new_matched_tokens(request, local_hit + loaded_so_far)`` and loads only its own
+    slice. That is safe only for a child that reads ``num_computed_tokens`` as "every token before this is in
+    the engine's blocks, or will be by the time the request runs" and loads nothing before it. vLLM's own
+    connectors do not promise that (several record the argument as the local hit, or load every block without
+    a hash), so this is ``False`` unless the connector says ``True``. A child that does not load slices is
+    asked at the local hit, as vLLM's ``MultiConnector`` asks it, and loads only when no child before it had a
+    hit (the first-hit rule).
     """
     member: object = getattr(connector, "loads_slices", None)
     if member is None:
@@ -52,7 +46,12 @@ def loads_slices(connector: object) -> bool:
 
 @runtime_checkable
 class KnowsForeignLoads(Protocol):
-    """A connector told which of a request's tokens other children of its stack loaded."""
+    """A connector told which of a request's tokens other children of its stack loaded.
+
+    The optional second half of :func:`loads_slices`: a child that saves what the engine computes learns which
+    token ranges other children loaded, and whether the stack wants them saved there too (promotion into a
+    faster tier).
+    """
 
     def loaded_elsewhere(self, request: Request, start: int, end: int, save: bool, /) -> None:
         """Tokens ``[start, end)`` of ``request`` were loaded into the engine by another child.

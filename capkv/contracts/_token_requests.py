@@ -1,9 +1,7 @@
 """What a connector that reads token ids needs from a request, checked in production.
 
-A :class:`~capkv.TokenRequest` has a ``str`` ``request_id`` and ``all_token_ids``,
-a sequence of ``int`` token ids (a list, or vLLM's read-only ``ConstantList``).
-An engine object without them — or an untyped caller passing the wrong object —
-would otherwise fail as an ``AttributeError`` deep inside a store, naming no one.
+An engine object without them would otherwise fail as an ``AttributeError`` deep inside a store, naming no
+one.
 """
 
 from __future__ import annotations
@@ -19,7 +17,10 @@ _MISSING = object()
 
 def check_token_request(request: object, *, connector: str, method: str) -> None:
     """Raise :class:`~capkv.ContractError` unless ``request`` has a ``str`` ``request_id`` and a
-    sequence of token ids ``all_token_ids`` (element types are the hash's concern: only the container is read here)."""
+    sequence of token ids ``all_token_ids`` (element types are the hash's concern: only the container is read here).
+
+    A :class:`~capkv.TokenRequest`'s ``all_token_ids`` is a list, or vLLM's read-only ``ConstantList``.
+    """
     request_id = getattr(request, "request_id", _MISSING)
     if not isinstance(request_id, str):
         problem = "has no request_id" if request_id is _MISSING else f"has a {type(request_id).__name__} request_id"
