@@ -1,17 +1,6 @@
 """The contract's three facts, answered from a connector *class* when it can.
 
-``get_required_kvcache_layout``, ``get_finished_count`` and
-``requires_piecewise_for_cudagraph`` state facts an engine needs before
-serving. A connector whose answer does not depend on its configuration
-declares the member class-level (a classmethod or staticmethod; in a
-:class:`~capkv.KVConnectorBase` subclass, :func:`~capkv.class_level`), and then
-the class answers — which is how ``capkv check`` reports a configured stack
-whose connectors need the engine's objects to be built.
-
-The rule is the member the class resolves through its MRO, nothing else: a
-class-level member answers from the class, an instance method means "ask an
-instance" (:data:`NEEDS_INSTANCE`). ``KVConnectorBase``'s defaults are class-level
-by that same rule, not by being special-cased.
+So ``capkv check`` can report a configured stack whose connectors need the engine's objects to be built.
 """
 
 from __future__ import annotations
@@ -72,6 +61,15 @@ def class_fact(cls: type[Any], fact: StaticFact | SleepFact) -> object:
     method. A class-level member that needs arguments (vLLM's take the engine's
     config) cannot answer from the class alone: :data:`NEEDS_INSTANCE` too.
     Errors raised by the member propagate.
+
+    ``get_required_kvcache_layout``, ``get_finished_count`` and ``requires_piecewise_for_cudagraph`` state
+    facts an engine needs before serving. A connector whose answer does not depend on its configuration
+    declares the member class-level (a classmethod or staticmethod; in a :class:`~capkv.KVConnectorBase`
+    subclass, :func:`~capkv.class_level`), and then the class answers.
+
+    The rule is the member the class resolves through its MRO, nothing else: a class-level member answers from
+    the class, an instance method means "ask an instance". ``KVConnectorBase``'s defaults are class-level by
+    that same rule, not by being special-cased.
     """
     member = inspect.getattr_static(cls, fact, None)
     if isinstance(member, classmethod | staticmethod):

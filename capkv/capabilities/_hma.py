@@ -1,13 +1,6 @@
 """The one rule for HMA capability, shared by runtime checks and stack analysis.
 
-A leaf connector (or connector class) is HMA-capable when it has a callable
-``request_finished_all_groups``: that is all vLLM's scheduler and
-:class:`~capkv.SupportsHMA` look at. A stack node — a composite connector or a
-configured stack — is HMA-capable exactly when every child is *and* the
-composite itself finishes all groups (the scheduler calls the composite's own
-member, not its children's). The static types
-of :class:`~capkv.MultiConnector` encode the same rule; this module is its
-runtime form.
+:class:`~capkv.MultiConnector`'s static types encode the same rule; this is its runtime form.
 """
 
 from __future__ import annotations
@@ -71,7 +64,14 @@ class StackNode(ABC):
 
 
 def supports_hma(connector: object) -> bool:
-    """Whether ``connector`` (an instance, a class, or a stack node) handles several KV-cache groups."""
+    """Whether ``connector`` (an instance, a class, or a stack node) handles several KV-cache groups.
+
+    A leaf connector (or connector class) is HMA-capable when it has a callable
+    ``request_finished_all_groups``: that is all vLLM's scheduler and :class:`~capkv.SupportsHMA` look at. A
+    stack node — a composite connector or a configured stack — is HMA-capable exactly when every child is
+    *and* the composite itself finishes all groups (the scheduler calls the composite's own member, not its
+    children's).
+    """
     if isinstance(connector, StackNode):
         return connector.finishes_all_groups and fold(HMA_METHOD, (supports_hma(child) for child in connector.children))
     return callable(getattr(connector, HMA_METHOD, None))

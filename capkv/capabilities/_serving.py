@@ -1,9 +1,6 @@
 """Engine entry points that enforce capabilities — never with ``assert``.
 
-:func:`check_stack` rejects, before serving, a stack that cannot serve the
-engine's KV-cache groups; :func:`finish_request` is the one way an engine hands
-a finished request's blocks to a connector, and refuses rather than truncating
-to group 0. Both behave identically under ``python -O``.
+Both behave identically under ``python -O``: a stack that cannot serve is refused, never truncated to group 0.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """How a composite's capabilities follow from its children's: one table, read by every user.
 
-Each row names the member that states a capability, the rule that combines the
-children's answers into the composite's, and who applies it: capkv's composite
-(:class:`~capkv.MultiConnector`, ``capkv check`` on a configured stack, the
-``capkv.mypy`` plugin for HMA), or a host forwarding vLLM's own members to the
-vLLM connectors in a stack, as vLLM's ``MultiConnector`` does. Adding a
-capability is a row here; :func:`combine` and :func:`fold` apply it.
+Adding a capability is a row here, so the composite, ``capkv check``, the mypy plugin and the vLLM hosts
+cannot disagree.
 """
 
 from __future__ import annotations
@@ -55,7 +51,12 @@ class Rule(enum.Enum):
 
 @dataclass(frozen=True)
 class Capability:
-    """One row: the member, its rule, and who applies it."""
+    """One row: the member, its rule, and who applies it.
+
+    Who applies a row: capkv's composite (:class:`~capkv.MultiConnector`, ``capkv check`` on a configured
+    stack, the ``capkv.mypy`` plugin for HMA), or a host forwarding vLLM's own members to the vLLM connectors
+    in a stack, as vLLM's ``MultiConnector`` does. :func:`combine` and :func:`fold` apply it.
+    """
 
     member: str
     rule: Rule
