@@ -1,10 +1,7 @@
 """Stacks written in configuration: name → class registry, loader, and builder.
 
-Capability is decided from the configured *classes*, before any connector is
-constructed, by the same rule as :class:`~capkv.MultiConnector`'s static types.
-A connector class declares what its extra config accepts with
-:class:`ConnectorOptions`, or builds itself with a class method named
-``from_extra_config``.
+Capability is decided from the configured *classes*, before anything is built, by the rule
+:class:`~capkv.MultiConnector`'s static types apply; open ``_loader.py`` first.
 """
 
 from typing import TYPE_CHECKING

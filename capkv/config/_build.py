@@ -1,26 +1,7 @@
 """Build connectors from a configured stack — the explicit step after loading.
 
-Capability is decided from classes (:mod:`capkv.config._loader`); building is only
-needed for what a connector decides per instance: its KV-cache layout, its
-finished count, whether it needs piecewise CUDA graphs. One rule builds a leaf,
-for ``capkv check``, ``capkv demo`` and engines alike:
-
-1. its extra config is checked against the options the class declares
-   (:class:`~capkv.config.ConnectorOptions`), and the context's defaults fill
-   declared options the configuration leaves out;
-2. a class whose options say ``takes_spec`` is built as ``cls(spec, **extra)``
-   with the context's :class:`~capkv.KVSpec` (without one it cannot be built);
-3. otherwise ``cls.from_extra_config(extra)`` when the class provides that
-   classmethod (connectors whose constructor wants engine objects offer a light
-   one there), else ``cls(**extra)``.
-
-Pass ``factory`` to decide yourself. Composites are built from their built
-children: ``cls(*children)``. Whatever a connector's own code raises while being
-built — any exception, ``SystemExit`` included — comes back as one
-:class:`~capkv.ConfigError` naming the entry; only ``KeyboardInterrupt`` passes.
-A stack whose build fails half way shuts down the connectors it already built
-(:func:`closed_on_error`): their writer threads, files and sockets do not
-outlive the error.
+Capability is decided from classes; building is needed only for what a connector decides per instance (its
+layout, its finished count, piecewise CUDA graphs).
 """
 
 from __future__ import annotations
@@ -60,7 +41,22 @@ class BuildContext:
 
 
 def build_connector(leaf: ConfiguredConnector, *, context: BuildContext | None = None) -> Any:
-    """Build one leaf by the module's rule; every failure is one :class:`~capkv.ConfigError`."""
+    """Build one leaf; every failure is one :class:`~capkv.ConfigError`.
+
+    One rule builds a leaf, for ``capkv check``, ``capkv demo`` and engines alike:
+
+    1. its extra config is checked against the options the class declares
+       (:class:`~capkv.config.ConnectorOptions`), and the context's defaults fill
+       declared options the configuration leaves out;
+    2. a class whose options say ``takes_spec`` is built as ``cls(spec, **extra)``
+       with the context's :class:`~capkv.KVSpec` (without one it cannot be built);
+    3. otherwise ``cls.from_extra_config(extra)`` when the class provides that
+       classmethod (connectors whose constructor wants engine objects offer a light
+       one there), else ``cls(**extra)``.
+
+    Whatever a connector's own code raises while being built — any exception, ``SystemExit`` included — comes
+    back as one :class:`~capkv.ConfigError` naming the entry; only ``KeyboardInterrupt`` passes.
+    """
     context = context or BuildContext()
     where = f"{leaf.position}: " if leaf.position else ""
     label = leaf.position or leaf.name
@@ -121,7 +117,12 @@ def _prefixed(check: Callable[[], None], where: str) -> None:
 def build_stack(
     node: ConfiguredNode, *, factory: ConnectorFactory | None = None, context: BuildContext | None = None
 ) -> Any:
-    """Construct the connectors of ``node``, leaves first; returns the root connector."""
+    """Construct the connectors of ``node``, leaves first; returns the root connector.
+
+    Pass ``factory`` to build leaves yourself. Composites are built from their built children:
+    ``cls(*children)``. A stack whose build fails half way shuts down the connectors it already built
+    (:func:`closed_on_error`): their writer threads, files and sockets do not outlive the error.
+    """
     if isinstance(node, ConfiguredConnector):
         return factory(node) if factory is not None else build_connector(node, context=context)
     children: list[Any] = []

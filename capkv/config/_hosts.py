@@ -1,11 +1,6 @@
 """Engine hosts of a capkv stack, as a configuration names them — without importing the engine.
 
-vLLM loads capkv through ``kv_connector_module_path = "capkv.vllm"`` and a host
-class, ``CapkvConnector`` or ``CapkvHMAConnector``; the stack itself sits under
-``kv_connector_extra_config.stack`` in the shape ``capkv check`` reads. The host
-(at construction, inside vLLM) and ``capkv check`` (with no vLLM installed) read
-that shape and apply the one rule here: the HMA host promises vLLM that the stack
-serves every KV-cache group, so it takes only an HMA-capable stack.
+The host inside vLLM and ``capkv check`` (with no vLLM installed) read the same shape and apply one rule.
 """
 
 from __future__ import annotations
@@ -59,6 +54,10 @@ def host_entry(config: Mapping[str, Any]) -> HostEntry | None:
     A host is named as vLLM loads it: ``kv_connector`` a host class and
     ``kv_connector_module_path = "capkv.vllm"``, or ``kv_connector = "capkv.vllm:<host>"``.
     Raises :class:`~capkv.ConfigError` for an unknown class in ``capkv.vllm`` or a missing stack.
+
+    vLLM loads capkv through ``kv_connector_module_path = "capkv.vllm"`` and a host class, ``CapkvConnector``
+    or ``CapkvHMAConnector``; the stack itself sits under ``kv_connector_extra_config.stack`` in the shape
+    ``capkv check`` reads.
     """
     wrapped: object = config.get("kv_transfer_config")
     if "kv_connector" not in config and isinstance(wrapped, Mapping):

@@ -1,21 +1,7 @@
 """Stacks from configuration: a vLLM-shaped ``kv_transfer_config`` → a tree of classes.
 
-Loading resolves every connector name to its class and checks the shape, but
-constructs nothing. The result is a :class:`~capkv.StackNode` whose leaves are
-classes, so :func:`capkv.supports_hma`, :func:`capkv.non_hma_children` and
-:func:`capkv.require_hma` decide its capability by the same rule as the static
-types of :class:`~capkv.MultiConnector` — before any connector exists.
-
-The accepted shape is vLLM's::
-
-    {"kv_connector": "MultiConnector",
-     "kv_connector_extra_config": {"connectors": [
-         {"kv_connector": "CPUOffloadConnector", "kv_connector_extra_config": {...}},
-         {"kv_connector": "DiskConnector", "kv_connector_module_path": "my.connectors"}]}}
-
-A connector whose class is a :class:`~capkv.StackNode` (``MultiConnector`` or a
-subclass) is a composite: its ``connectors`` list holds its children, nested to
-any depth. Other vLLM keys (``kv_role``, ``engine_id``, …) are accepted and ignored.
+Nothing is constructed, so capability is decided before any connector exists, by the rule
+:class:`~capkv.MultiConnector`'s static types apply.
 """
 
 from __future__ import annotations
@@ -104,6 +90,19 @@ def load_stack(
     a malformed mapping, an unknown name, a module that does not import, or a
     class that is not a connector. A ``{"kv_transfer_config": {...}}`` wrapper,
     as in an engine configuration file, is unwrapped.
+
+    The result is a :class:`~capkv.StackNode` whose leaves are classes, so
+    :func:`capkv.supports_hma`, :func:`capkv.non_hma_children` and :func:`capkv.require_hma` decide its capability.
+    The accepted shape is vLLM's::
+
+        {"kv_connector": "MultiConnector",
+         "kv_connector_extra_config": {"connectors": [
+             {"kv_connector": "CPUOffloadConnector", "kv_connector_extra_config": {...}},
+             {"kv_connector": "DiskConnector", "kv_connector_module_path": "my.connectors"}]}}
+
+    A connector whose class is a :class:`~capkv.StackNode` (``MultiConnector`` or a subclass) is a composite:
+    its ``connectors`` list holds its children, nested to any depth. Other vLLM keys (``kv_role``,
+    ``engine_id``, …) are accepted and ignored.
     """
     wrapped: object = config.get("kv_transfer_config")
     if "kv_connector" not in config and isinstance(wrapped, Mapping):

@@ -1,20 +1,7 @@
 """Declared options: what a connector accepts in ``kv_connector_extra_config``.
 
-A connector class declares its options once, as a class attribute::
-
-    class MyStore(KVConnectorBase[TokenRequest]):
-        extra_config_options = ConnectorOptions(
-            capacity_blocks=Option(int, minimum=1, required=True),
-            namespace=Option(str),
-            takes_spec=True,   # built as MyStore(spec, **extra) with the engine's KVSpec
-        )
-
-The builder (:func:`capkv.config.build_connector`) and ``capkv check`` both read
-the declaration: an unknown key, a missing required key, or a value of the
-wrong type is refused *before* anything is built, in one line naming the
-connector, the key and the value — also for connectors that no configuration
-file can build (capkv's own need the engine's :class:`~capkv.KVSpec`). A class
-that declares nothing gets its extra config passed through unchecked, as before.
+Declared once on the class, so the builder and ``capkv check`` refuse a wrong key or value before anything is
+built — also for connectors no configuration file can build.
 """
 
 from __future__ import annotations
@@ -101,6 +88,20 @@ class ConnectorOptions:
     :class:`~capkv.KVSpec`, so the builder calls ``cls(spec, **extra)`` when it
     has one (the demo, an engine) and refuses to build it otherwise (``capkv
     check`` then still checks the extra config against the options).
+
+    A connector class declares its options once, as a class attribute::
+
+        class MyStore(KVConnectorBase[TokenRequest]):
+            extra_config_options = ConnectorOptions(
+                capacity_blocks=Option(int, minimum=1, required=True),
+                namespace=Option(str),
+                takes_spec=True,   # built as MyStore(spec, **extra) with the engine's KVSpec
+            )
+
+    The builder (:func:`capkv.config.build_connector`) and ``capkv check`` both read the declaration: an
+    unknown key, a missing required key, or a value of the wrong type is refused *before* anything is built,
+    in one line naming the connector, the key and the value. A class that declares nothing gets its extra
+    config passed through unchecked.
     """
 
     options: Mapping[str, Option] = field(default_factory=dict[str, Option])

@@ -1,14 +1,7 @@
 """Connector names → connector classes, for stacks written in configuration.
 
-A configuration names a connector the ways vLLM does: by a registered name
-(capkv's own connectors, ``@register_connector("name")``, or an entry point in
-the ``capkv.connectors`` group of an installed package), or by where it lives —
-a ``"module:Class"`` path, or the class name plus ``kv_connector_module_path``.
-A name none of these knows is then asked of the engines' own registries
-(:data:`ENGINE_NAMESPACES`: vLLM's connector names, when vLLM is installed), so a
-vLLM connector can be named in a stack as vLLM's own configuration names it.
-Every name resolves lazily, to a *class*: nothing is imported until a
-configuration uses the name, and nothing is constructed at all.
+Names resolve lazily, to a *class*: nothing is imported until a configuration uses the name, and nothing is
+constructed.
 """
 
 from __future__ import annotations
@@ -59,7 +52,15 @@ _C = TypeVar("_C", bound=type[Any])
 
 
 class ConnectorRegistry:
-    """Resolves connector names to classes; registered names win over entry points."""
+    """Resolves connector names to classes; registered names win over entry points.
+
+    A configuration names a connector the ways vLLM does: by a registered name (capkv's own connectors,
+    ``@register_connector("name")``, or an entry point in the ``capkv.connectors`` group of an installed
+    package), or by where it lives — a ``"module:Class"`` path, or the class name plus
+    ``kv_connector_module_path``. A name none of these knows is then asked of the engines' own registries
+    (:data:`ENGINE_NAMESPACES`: vLLM's connector names, when vLLM is installed), so a vLLM connector can be
+    named in a stack as vLLM's own configuration names it.
+    """
 
     def __init__(
         self,
