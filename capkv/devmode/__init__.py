@@ -1,9 +1,7 @@
 """Dev mode: every transfer call checked against the engine's KV cache; nothing in production.
 
-Turn it on with ``CAPKV_DEV=1`` or ``python -X dev`` (never under ``python -O``),
-then wrap the stack once the KV cache is known:
-``stack = capkv.devmode.instrument(stack, spec)``. The same checks are beartype
-hints (``block_ids_hint(spec)``, ...) for annotating functions of your own.
+Turn it on with ``CAPKV_DEV=1`` or ``python -X dev`` and wrap the stack with :func:`instrument`; the hints
+(``block_ids_hint(spec)``, ...) are the same checks for your own functions. Open ``_instrument.py`` first.
 """
 
 from typing import TYPE_CHECKING

@@ -1,14 +1,6 @@
 """The contracts as beartype type hints, for parameters of your own functions.
 
-Each factory binds a :class:`~capkv.KVSpec` and a call site and returns
-``Annotated[object, Is[validator]]``: put it on a parameter of a function you
-decorate with ``@beartype`` (or check a value with ``beartype.door.die_if_unbearable``).
-The validator sits on the *outer* value and walks every id or tensor; its
-:class:`~capkv.ContractError` propagates unchanged through beartype.
-
-The base type is ``object``, not ``BlockIds``: beartype checks a typed base
-first, by sampling one element of each list, and would report some bad inputs
-with its own, vaguer error at random. The exhaustive validator is the one judge.
+The same exhaustive checks :func:`~capkv.devmode.instrument` applies, so your functions and capkv's agree.
 """
 
 from __future__ import annotations
@@ -37,7 +29,17 @@ __all__ = [
 
 
 def contract_hint(check: Callable[[object], None]) -> object:
-    """``Annotated[object, Is[...]]`` for any check that raises on a bad value and returns otherwise."""
+    """``Annotated[object, Is[...]]`` for any check that raises on a bad value and returns otherwise.
+
+    Each factory here binds a :class:`~capkv.KVSpec` and a call site and returns ``Annotated[object,
+    Is[validator]]``: put it on a parameter of a function you decorate with ``@beartype`` (or check a value
+    with ``beartype.door.die_if_unbearable``). The validator sits on the *outer* value and walks every id or
+    tensor; its :class:`~capkv.ContractError` propagates unchanged through beartype.
+
+    The base type is ``object``, not ``BlockIds``: beartype checks a typed base first, by sampling one element
+    of each list, and would report some bad inputs with its own, vaguer error at random. The exhaustive
+    validator is the one judge.
+    """
 
     def validator(value: object) -> bool:
         check(value)

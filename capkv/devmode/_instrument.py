@@ -1,27 +1,6 @@
 """``instrument``: put a connector — a stack's children included — under dev-mode contracts.
 
-In production (dev mode off, and always under ``python -O``) :func:`instrument`
-returns the very same object: nothing is wrapped and nothing costs. In dev mode
-it returns a proxy whose transfer calls are checked against the engine's
-:class:`~capkv.KVSpec` by beartype before they reach the connector:
-
-- ``update_state_after_alloc`` and ``request_finished_all_groups``: block-id groups;
-- ``request_finished``: one group's ids, and only when the cache has one group;
-- ``register_kv_caches`` and ``save_kv_layer``: KV tensor shape, dtype and device
-  (and ``register_kv_caches`` gets every layer the spec names, and no other).
-
-A checked method takes its arguments exactly as the connector's own method
-does: a call is bound against the connector's signature (read once, when
-instrumenting), so a keyword call the connector accepts is checked like a
-positional one, and a call the connector refuses fails with its own error.
-
-Everything else is the connector's own: other attributes are looked up on it
-(and set on it), and ``isinstance`` sees its class. The proxy keeps the
-connector's capabilities — it has a checked ``request_finished_all_groups``
-exactly when the connector has one, so :func:`capkv.supports_hma` answers as
-before. A composite (:class:`~capkv.StackNode`) is rebuilt over its instrumented
-children with its ``with_children`` method and then wrapped itself, so the
-engine's calls are checked at the top and each child's where the composite makes them.
+In production it returns the very same object, so nothing is wrapped and nothing costs.
 """
 
 from __future__ import annotations
@@ -60,6 +39,19 @@ def instrument(connector: _C, spec: KVSpec) -> _C:
     instrumented connector again re-binds it to ``spec``. Raises
     :class:`~capkv.CapabilityError` for a composite that cannot be rebuilt over
     new children (no ``with_children``), rather than leaving its children unchecked.
+
+    In production (dev mode off, and always under ``python -O``) nothing is wrapped and nothing costs. In dev
+    mode the result is a proxy whose transfer calls are checked against ``spec`` by beartype before they reach
+    the connector:
+
+    - ``update_state_after_alloc`` and ``request_finished_all_groups``: block-id groups;
+    - ``request_finished``: one group's ids, and only when the cache has one group;
+    - ``register_kv_caches`` and ``save_kv_layer``: KV tensor shape, dtype and device
+      (and ``register_kv_caches`` gets every layer the spec names, and no other).
+
+    A composite (:class:`~capkv.StackNode`) is rebuilt over its instrumented children with its
+    ``with_children`` method and then wrapped itself, so the engine's calls are checked at the top and each
+    child's where the composite makes them.
     """
     require_instance(spec, KVSpec, "instrument", "spec", "a capkv.KVSpec")  # in production too: one isinstance
     if not enabled():
@@ -68,7 +60,17 @@ def instrument(connector: _C, spec: KVSpec) -> _C:
 
 
 class Instrumented:
-    """A connector under dev-mode contracts; ``__wrapped__`` is the connector itself."""
+    """A connector under dev-mode contracts; ``__wrapped__`` is the connector itself.
+
+    A checked method takes its arguments exactly as the connector's own method does: a call is bound against
+    the connector's signature (read once, when instrumenting), so a keyword call the connector accepts is
+    checked like a positional one, and a call the connector refuses fails with its own error.
+
+    Everything else is the connector's own: other attributes are looked up on it (and set on it), and
+    ``isinstance`` sees its class. The proxy keeps the connector's capabilities — it has a checked
+    ``request_finished_all_groups`` exactly when the connector has one, so :func:`capkv.supports_hma` answers
+    as before.
+    """
 
     __slots__ = ("__wrapped__", "_spec")
 

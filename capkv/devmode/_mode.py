@@ -1,16 +1,7 @@
 """The dev-mode switch, read once — never per call.
 
-Dev mode is on with ``CAPKV_DEV=1`` or ``python -X dev`` (``PYTHONDEVMODE=1``)
-and forced off under ``python -O``: an optimised interpreter is production, where
-the checks must cost nothing. Engines and tests may override the environment with
-:func:`set_dev_mode` or :func:`dev_mode`.
-
-Two things read the switch: :func:`capkv.devmode.instrument`, once per connector
-when it wraps one, and the first name a process takes from a capkv front
-(``capkv.MultiConnector``, ``from capkv.connectors import ...``), which puts
-capkv's own functions under beartype when dev mode is on at that moment. A
-process that only imports ``capkv.mypy`` (mypy, with the plugin) takes no name,
-so dev mode never puts beartype inside mypy.
+An optimised interpreter (``python -O``) is production, where the checks must cost nothing: dev mode is off
+there whatever the environment says.
 """
 
 from __future__ import annotations
@@ -69,7 +60,17 @@ def forced_off() -> bool:
 
 
 def enabled() -> bool:
-    """Whether dev mode is on now: the override if set, else the environment; never under ``-O``."""
+    """Whether dev mode is on now: the override if set, else the environment; never under ``-O``.
+
+    Dev mode is on with ``CAPKV_DEV=1`` or ``python -X dev`` (``PYTHONDEVMODE=1``); engines and tests may
+    override the environment with :func:`set_dev_mode` or :func:`dev_mode`.
+
+    Two things read the switch: :func:`capkv.devmode.instrument`, once per connector when it wraps one, and
+    the first name a process takes from a capkv front (``capkv.MultiConnector``, ``from capkv.connectors
+    import ...``), which puts capkv's own functions under beartype when dev mode is on at that moment
+    (:func:`check_capkv_types`). A process that only imports ``capkv.mypy`` (mypy, with the plugin) takes no
+    name, so dev mode never puts beartype inside mypy.
+    """
     if forced_off():
         return False
     if _override is not None:
