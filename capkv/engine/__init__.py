@@ -1,17 +1,7 @@
 """A small, faithful reference engine for exercising connectors.
 
-It has what a connector meets in vLLM — a paged KV cache with several groups
-(full attention and sliding window), a block pool with a null block and a prefix
-cache, a scheduler and a worker calling the connector contract in vLLM's order —
-and one thing vLLM cannot offer: the "model" computes KV as a pure function of
-(layer, position, token prefix), so every block a connector loads is checked
-bit-exact against recomputation (:class:`VerificationError` otherwise).
-
-Users build a :class:`ModelShape` (its groups are :data:`FULL` or :data:`SLIDING`
-:class:`GroupLayout`), a :class:`Workload`, and run an :class:`Engine` over a
-connector; :class:`EngineStats` says what was loaded and saved. The engine's own
-requests and scheduler objects stay internal: connectors see them through the
-contracts' types (``capkv.Request``, ``capkv.SchedulerOutput``, ...).
+Its "model" computes KV as a pure function of (layer, position, token prefix), so every block a connector
+loads is checked bit-exact against recomputation, which vLLM cannot offer. Open ``_engine.py`` first.
 """
 
 from typing import TYPE_CHECKING

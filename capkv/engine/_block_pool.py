@@ -1,11 +1,7 @@
 """The block pool: one id space shared by every KV-cache group, and the local prefix cache.
 
-Block 0 is the *null block*: never handed out, it fills the places of a block table
-whose KV is not kept (sliding-window blocks that left the window), so a table may
-repeat it. Every other block has a reference count. A block whose count drops to
-zero goes to the back of the free queue but keeps its prefix-cache entry until it
-is handed out again, so a later request with the same prefix can take it back
-(least recently freed blocks are reused first — vLLM's eviction order).
+Freed blocks keep their prefix-cache entry until handed out again, so a later request can take them back
+(vLLM's eviction order).
 """
 
 from __future__ import annotations
@@ -22,7 +18,14 @@ CacheKey = tuple[int, int]
 
 
 class BlockPool:
-    """Free list, reference counts and prefix-cache entries of every block."""
+    """Free list, reference counts and prefix-cache entries of every block.
+
+    Block 0 is the *null block*: never handed out, it fills the places of a block table whose KV is not kept
+    (sliding-window blocks that left the window), so a table may repeat it. Every other block has a reference
+    count. A block whose count drops to zero goes to the back of the free queue but keeps its prefix-cache
+    entry until it is handed out again, so a later request with the same prefix can take it back (least
+    recently freed blocks are reused first — vLLM's eviction order).
+    """
 
     def __init__(self, num_blocks: int, null_block_id: int = 0) -> None:
         if num_blocks < 2:

@@ -1,15 +1,6 @@
 """Each request's block tables, one per KV-cache group, and the local prefix-cache lookup.
 
-The rules differ by attention kind, and this module is where they live:
-
-* a full-attention group keeps every block, and a prefix hit needs every block of
-  the prefix cached;
-* a sliding-window group needs only the blocks covering the last ``window - 1``
-  tokens before the next position to compute; blocks entirely before that are
-  freed and their places in the table hold the null block.
-
-A local hit must hold in *every* group at the same length, so the lookup shrinks
-the candidate length until all groups agree (vLLM's hybrid coordinator).
+The rules differ by attention kind (full or sliding window), and this module is where they live.
 """
 
 from __future__ import annotations
@@ -43,7 +34,17 @@ def _skipped_tokens(group: GroupLayout, num_computed: int) -> int:
 
 
 class BlockTables:
-    """Block tables of every live request, allocated from one :class:`BlockPool`."""
+    """Block tables of every live request, allocated from one :class:`BlockPool`.
+
+    * a full-attention group keeps every block, and a prefix hit needs every
+      block of the prefix cached;
+    * a sliding-window group needs only the blocks covering the last ``window - 1``
+      tokens before the next position to compute; blocks entirely before that are
+      freed and their places in the table hold the null block.
+
+    A local hit must hold in *every* group at the same length, so the lookup shrinks the candidate length
+    until all groups agree (vLLM's hybrid coordinator).
+    """
 
     def __init__(
         self,

@@ -1,17 +1,7 @@
 """The "model": KV as a deterministic function of (layer, position, token prefix).
 
-A real model's KV depends on every earlier token; this one does too, through the
-prefix hash of each position (see :mod:`capkv.engine._request`). Element ``e`` of
-layer ``l``'s KV at position ``p`` is the byte::
-
-    (prefix_hash(p) + offset[l][e]) mod 256,   read as a signed integer (-128..127)
-
-with ``offset[l]`` a fixed pseudo-random byte pattern per layer, converted to the
-model's dtype. Small integers are exact in every float dtype, so a recomputation
-reproduces the cached bits; a different prefix, position or layer shifts every
-element of the position at once, so a block loaded for the wrong request, layer
-or offset cannot pass the bit-exact check (the chance that all of a 16-token
-block collides is 2**-128).
+So a recomputation reproduces the cached bits, and a block loaded for the wrong request, layer or offset
+cannot pass the bit-exact check.
 """
 
 from __future__ import annotations
@@ -25,7 +15,20 @@ __all__ = ["KVFunction"]
 
 
 class KVFunction:
-    """Computes the KV a layer holds for given positions, and the token "sampled" after a prefix."""
+    """Computes the KV a layer holds for given positions, and the token "sampled" after a prefix.
+
+    A real model's KV depends on every earlier token; this one does too, through
+    the prefix hash of each position (see :mod:`capkv.engine._request`). Element ``e`` of layer ``l``'s KV at
+    position ``p`` is the byte::
+
+        (prefix_hash(p) + offset[l][e]) mod 256,   read as a signed integer (-128..127)
+
+    with ``offset[l]`` a fixed pseudo-random byte pattern per layer, converted to the model's dtype. Small
+    integers are exact in every float dtype, so a recomputation reproduces the cached bits; a different
+    prefix, position or layer shifts every element of the position at once, so a block loaded for the wrong
+    request, layer or offset cannot pass the bit-exact check (the chance that all of a 16-token block collides
+    is 2**-128).
+    """
 
     def __init__(self, shape: ModelShape, *, vocab_size: int = 32_000) -> None:
         self.shape = shape

@@ -1,12 +1,6 @@
 """The engine: a scheduler and a worker around one connector, checked before it serves.
 
-Start-up follows vLLM: the stack is checked against the KV-cache groups
-(:func:`capkv.check_stack` — a non-HMA stack on a hybrid model is refused here,
-not when the first request finishes), wrapped in dev-mode contracts (a no-op
-unless dev mode is on), asked for a memory pool, handed the paged tensors, and
-introduced to its peers. Each :meth:`Engine.step` is one schedule → forward →
-update round; :meth:`Engine.run` steps until every request finished and every
-block a connector held was released.
+Start-up follows vLLM's, so a stack that cannot serve is refused here, not when the first request finishes.
 """
 
 from __future__ import annotations
@@ -69,6 +63,11 @@ class Engine:
     benchmarks.engine_threads`` measured the default demo workload, on a shared
     2-core machine (load average 9-12), at 1.1-1.9 s with one thread and 6.2-27 s
     with torch's default of 2: 6x to 15x slower (issue 12 saw ~20x).
+
+    Start-up follows vLLM: the stack is checked against the KV-cache groups, wrapped in dev-mode contracts (a
+    no-op unless dev mode is on), asked for a memory pool, handed the paged tensors, and introduced to its
+    peers. Each :meth:`step` is one schedule → forward → update round; :meth:`run` steps until every request
+    finished and every block a connector held was released.
     """
 
     def __init__(

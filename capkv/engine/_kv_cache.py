@@ -1,10 +1,6 @@
 """The paged KV cache: one tensor per layer, addressed through a group's block table.
 
-Each layer's tensor is ``(2, num_blocks, block_size, num_kv_heads, head_dim)``
-(keys and values first, blocks in dimension 1, as :meth:`ModelShape.kv_spec`
-declares). A token position ``p`` of a request lives in block ``table[p // block_size]``
-at offset ``p % block_size`` — its *slot*. Fresh and reset caches are filled with
-a poison value, so a block a connector claimed to load but never wrote is caught.
+Fresh and reset caches hold a poison value, so a block a connector claimed to load but never wrote is caught.
 """
 
 from __future__ import annotations
@@ -44,7 +40,12 @@ class Slots:
 
 
 class PagedKVCache:
-    """Every layer's paged KV tensor, allocated from the model shape."""
+    """Every layer's paged KV tensor, allocated from the model shape.
+
+    Each layer's tensor is ``(2, num_blocks, block_size, num_kv_heads, head_dim)`` (keys and values first,
+    blocks in dimension 1, as :meth:`ModelShape.kv_spec` declares). A token position ``p`` of a request lives
+    in block ``table[p // block_size]`` at offset ``p % block_size`` — its *slot*.
+    """
 
     def __init__(self, shape: ModelShape, *, mem_pool: AbstractContextManager[object] | None = None) -> None:
         self.shape = shape

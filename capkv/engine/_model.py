@@ -1,11 +1,6 @@
 """The model's shape: which layers exist, how attention is split into KV-cache groups.
 
-A hybrid model mixes full-attention and sliding-window layers. Like vLLM's hybrid
-allocator, the engine gives each attention kind its own block tables, and splits
-a kind with many layers into several groups of equal size, so a model with one
-full layer for every two sliding layers has three groups: one full, two sliding.
-Everything the engine and the connectors need to know about the KV cache is then
-one :class:`~capkv.KVSpec`, built by :meth:`ModelShape.kv_spec`.
+Everything the engine and the connectors need to know about the KV cache is then one :class:`~capkv.KVSpec`.
 """
 
 from __future__ import annotations
@@ -47,7 +42,13 @@ class GroupLayout:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
-    """A model's attention layers and paged-cache geometry."""
+    """A model's attention layers and paged-cache geometry.
+
+    A hybrid model mixes full-attention and sliding-window layers. Like vLLM's hybrid allocator, the engine
+    gives each attention kind its own block tables, and splits a kind with many layers into several groups of
+    equal size, so a model with one full layer for every two sliding layers has three groups: one full, two
+    sliding. :meth:`kv_spec` is the resulting :class:`~capkv.KVSpec`.
+    """
 
     num_layers: int = 6
     pattern: str = "FSS"

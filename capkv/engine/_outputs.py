@@ -1,8 +1,6 @@
 """What the scheduler hands the worker each step, and what comes back.
 
-These are the engine's own classes; a connector receives the scheduler output
-as an opaque object (``build_connector_meta(scheduler_output)``), exactly like
-vLLM's. Reference connectors rely only on the contract's typed arguments.
+The engine's own classes: a connector receives them as opaque objects, exactly like vLLM's.
 """
 
 from __future__ import annotations

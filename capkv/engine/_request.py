@@ -1,15 +1,7 @@
 """A request as the engine tracks it, and the prefix hash every token position has.
 
-``prefix_hash(p)`` identifies the whole input up to position ``p``: it is a
-chained hash, so it changes when *any* earlier token changes — or any of the
-request's inputs besides its tokens (:class:`~capkv.KeyInputs`: its cache salt
-and adapter change every position, a multimodal item or a prompt embedding the
-positions it feeds). The engine uses it twice — as the key of a full block in
-the local prefix cache (the hash at the block's last token), and as the seed of
-the deterministic KV the worker writes at position ``p`` — so a block loaded
-for the wrong prefix, tenant, adapter, image or embedding cannot match. (In a
-real model the salt changes no KV; here it does, so a store that hands one
-tenant's KV to another is caught bit for bit.)
+The hash covers everything that feeds a position, so a block loaded for the wrong prefix, tenant, adapter,
+image or embedding cannot match.
 """
 
 from __future__ import annotations
@@ -29,7 +21,16 @@ _ROOT = b"capkv-prefix"
 
 def chain_hash(parent: int | None, token: int, extra: bytes = b"", *, root: bytes = _ROOT) -> int:
     """The prefix hash after ``token`` (and ``extra``, what else feeds its position), given the hash
-    of the prefix before it (``None`` at the start, where ``root`` is used)."""
+    of the prefix before it (``None`` at the start, where ``root`` is used).
+
+    ``prefix_hash(p)`` identifies the whole input up to position ``p``: it is a chained hash, so it changes
+    when *any* earlier token changes — or any of the request's inputs besides its tokens
+    (:class:`~capkv.KeyInputs`: its cache salt and adapter change every position, a multimodal item or a
+    prompt embedding the positions it feeds). The engine uses it twice — as the key of a full block in the
+    local prefix cache (the hash at the block's last token), and as the seed of the deterministic KV the
+    worker writes at position ``p``. (In a real model the salt changes no KV; here it does, so a store that
+    hands one tenant's KV to another is caught bit for bit.)
+    """
     digest = hashlib.blake2b(digest_size=8)
     digest.update(root if parent is None else parent.to_bytes(8, "little"))
     digest.update(token.to_bytes(8, "little", signed=True))

@@ -1,22 +1,4 @@
-"""The scheduler: which requests run each step, and the connector's scheduler side.
-
-For a waiting request, in vLLM's order: find the local prefix hit, ask the
-connector how many more tokens it can load (``None``: ask again next step),
-allocate blocks, tell the connector (``update_state_after_alloc``). After
-scheduling, ``build_connector_meta`` packs the step for the worker side. When the
-worker reports back: roll back requests whose loads failed, append the sampled
-tokens, finish requests (through :func:`capkv.finish_request`, which refuses to
-truncate groups), hand the connector its output, free the blocks of requests whose
-asynchronous saves completed, and collect events.
-
-Asynchronous loads park a request in ``WAITING_FOR_REMOTE_KVS`` until the worker
-reports it in ``finished_recving``. A request whose blocks a connector keeps
-(``delay_free``) holds them until it comes back in ``finished_sending``. Before a
-request is handed to the connector at finish, its whole KV is verified.
-
-Unlike vLLM there is no preemption and no chunked prefill: admission reserves a
-request's worst-case blocks, so whatever was admitted runs to the end.
-"""
+"""The scheduler: which requests run each step, and the connector's scheduler side, in vLLM's order."""
 
 from __future__ import annotations
 
@@ -57,7 +39,19 @@ class FinishedRequest:
 
 
 class Scheduler:
-    """Admits, runs and finishes requests against one block pool and one connector."""
+    """Admits, runs and finishes requests against one block pool and one connector.
+
+    For a waiting request, in vLLM's order: find the local prefix hit, ask the connector how many more tokens
+    it can load (``None``: ask again next step), allocate blocks, tell the connector
+    (``update_state_after_alloc``). After scheduling, ``build_connector_meta`` packs the step for the worker
+    side. When the worker reports back: roll back requests whose loads failed, append the sampled tokens,
+    finish requests (through :func:`capkv.finish_request`), hand the connector its output, free the blocks of
+    requests whose asynchronous saves completed, and collect events. Asynchronous loads park a request in
+    ``WAITING_FOR_REMOTE_KVS`` until the worker reports it in ``finished_recving``; a request whose blocks a
+    connector keeps (``delay_free``) holds them until it comes back in ``finished_sending``. Before a request
+    is handed to the connector at finish, its whole KV is verified. Unlike vLLM there is no preemption and no
+    chunked prefill: admission reserves a request's worst-case blocks, so whatever was admitted runs to the end.
+    """
 
     def __init__(
         self,

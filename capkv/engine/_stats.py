@@ -1,9 +1,6 @@
 """What the engine counts while serving: prefix hits per group, bytes loaded, time in transfers.
 
-Counts are from the engine's side of the contract — what it asked connectors to
-load, and how long their worker-side calls took — so they are available for any
-connector. Connectors' own statistics (``get_kv_connector_stats``) are kept too,
-as reported, for callers that know their shape.
+Counted from the engine's side of the contract, so they are available for any connector.
 """
 
 from __future__ import annotations
@@ -39,7 +36,12 @@ class GroupStats:
 
 @dataclass
 class EngineStats:
-    """Counters of one engine, since it started or since :meth:`reset`."""
+    """Counters of one engine, since it started or since :meth:`reset`.
+
+    Counts are what the engine asked connectors to load, and how long their worker-side calls took.
+    Connectors' own statistics (``get_kv_connector_stats``) are kept too, as reported, for callers that know
+    their shape.
+    """
 
     num_groups: int
     requests_finished: int = 0

@@ -1,10 +1,6 @@
 """Bit-exact verification: the cached KV against recomputation.
 
-Because the model's KV is a pure function of (layer, position, prefix), the
-engine can check any slot at any time. It does so twice per request: right after
-a connector loaded KV (before any layer uses it), and when the request finishes
-(every block it still holds, in every group and layer). Comparisons are on the
-raw bits, so ``-0.0`` vs ``0.0`` or a NaN is a mismatch too.
+The model's KV is a pure function of (layer, position, prefix), so the engine can check any slot at any time.
 """
 
 from __future__ import annotations
@@ -37,7 +33,12 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class Verifier:
-    """Compares slots of the paged cache with what the model computes for them."""
+    """Compares slots of the paged cache with what the model computes for them.
+
+    The engine checks twice per request: right after a connector loaded KV (before any layer uses it), and
+    when the request finishes (every block it still holds, in every group and layer). Comparisons are on the
+    raw bits, so ``-0.0`` vs ``0.0`` or a NaN is a mismatch too.
+    """
 
     def __init__(self, cache: PagedKVCache, kv_function: KVFunction) -> None:
         self.cache = cache

@@ -1,10 +1,6 @@
 """The worker: runs one step's forward pass and the connector's worker side around it.
 
-In vLLM's order: bind the step's connector metadata, ``start_load_kv``; then per
-layer ``wait_for_layer_load``, check what was loaded, compute and write this
-step's KV, ``save_kv_layer``; then ``wait_for_save``, ``get_finished``, the load
-errors, the worker metadata, and ``clear_connector_metadata``. A step with
-nothing to compute still runs the connector calls, so transfers make progress.
+In vLLM's order; a step with nothing to compute still runs the connector calls, so transfers make progress.
 """
 
 from __future__ import annotations
@@ -40,7 +36,12 @@ class LayerAttentionMetadata:
 
 
 class Worker:
-    """Owns the paged cache; computes KV and drives the connector's worker side."""
+    """Owns the paged cache; computes KV and drives the connector's worker side.
+
+    Per step: bind the step's connector metadata, ``start_load_kv``; then per layer ``wait_for_layer_load``,
+    check what was loaded, compute and write this step's KV, ``save_kv_layer``; then ``wait_for_save``,
+    ``get_finished``, the load errors, the worker metadata, and ``clear_connector_metadata``.
+    """
 
     def __init__(
         self,

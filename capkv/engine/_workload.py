@@ -1,8 +1,6 @@
 """Workloads of requests that share prefixes (system prompts, documents, few-shot examples).
 
-Each request is one of ``num_prefixes`` shared prefixes followed by a tail of its
-own, so a second request with the same prefix can reuse the first one's KV — from
-the local prefix cache, or through a connector once that cache is gone.
+So a second request with the same prefix can reuse the first one's KV — locally, or through a connector.
 """
 
 from __future__ import annotations
@@ -20,7 +18,12 @@ __all__ = ["Workload"]
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    """How many requests, how long their shared and private parts are, how many tokens they generate."""
+    """How many requests, how long their shared and private parts are, how many tokens they generate.
+
+    Each request is one of ``num_prefixes`` shared prefixes followed by a tail of its own, so a second request
+    with the same prefix can reuse the first one's KV — from the local prefix cache, or through a connector
+    once that cache is gone.
+    """
 
     num_requests: int = 32
     num_prefixes: int = 4
