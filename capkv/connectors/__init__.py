@@ -1,23 +1,7 @@
 """Reference connectors that move real KV for every KV-cache group.
 
-- :class:`CPUOffloadConnector`: a host block pool that evicts prefix chains from the tail;
-- :class:`FileStoreConnector`: crash-safe pack files in a directory, bounded, shared by processes;
-- :class:`RedisStoreConnector`: blocks in Redis (a server or a cluster), shared
-  by every engine that uses it (``pip install 'capkv[redis]'``; imported on
-  first use, so ``import capkv.connectors`` never imports ``redis``);
-- :class:`SingleGroupOffloadConnector`: single-group on purpose, the
-  counter-example that type checkers and :func:`capkv.check_stack` reject on
-  multi-group models.
-
-The three stores are backends under one shared layer (:mod:`capkv.stores`):
-they key blocks alike (group, and a chained digest of everything that
-determines a block's KV), so they interoperate in a ``MultiConnector`` stack,
-check every value they load, and save each block in the step that fills it
-(read from the scheduler output by vLLM's field names). For a store of your
-own, write a :class:`capkv.stores.Backend`; :class:`PrefixStoreConnector` is
-the common base (:class:`StoreMetadata` and :class:`SaveReport` are what its
-two sides exchange); :func:`longest_hit` is the rule for which blocks of each
-group (sliding windows included) a prefix hit needs.
+Three stores (host memory, pack files, Redis) are backends under one layer, :mod:`capkv.stores`, so they key
+blocks alike and interoperate in a stack; open ``_file_store.py`` first.
 """
 
 from typing import TYPE_CHECKING

@@ -1,24 +1,7 @@
 """Pack files: many stored blocks in one file, written once, never changed, read by offset.
 
-A file per block costs a create, a rename and (for durability) an fsync each —
-far slower than the bytes themselves — so a writer packs every block it has
-queued into one file: it fills a uniquely named temporary file in the store's
-directory, fsyncs it once and renames it to its final name (atomic on POSIX and
-Windows). A crash leaves either no pack or a complete
-one, plus at worst a stray temporary file that readers never open. The directory
-is not fsynced: after a power loss a pack may be missing (a miss, for a cache),
-never half there. Packs are
-immutable, so a reader that opened one keeps reading the same bytes even if
-another process evicts (unlinks) it meanwhile: there are no torn reads.
-
-Every record is one stored value (:mod:`capkv.stores._value`): its header says
-the block's key, the memory layout (and shard) the bytes were gathered under,
-the payload length and its checksum, so a truncated, corrupted or stale record
-is found out by the store's checks when it is read, never loaded. The pack adds
-nothing to a value: the records' headers are the pack's index
-(:func:`scan_pack`). Reading decides by what happened: a missing pack is a
-miss; any other ``OSError`` (out of file descriptors, an I/O error, no
-permission) is this read's miss only, and says nothing about the file.
+A file per block costs a create, a rename and an fsync each — far more than the bytes — so a writer packs
+every block it has queued into one file.
 """
 
 from __future__ import annotations
@@ -78,7 +61,20 @@ class RecordHeader:
 
 
 def write_pack(root: Path, records: Sequence[PackRecord]) -> tuple[str, list[RecordHeader]]:
-    """Write ``records`` as one new pack in ``root``, atomically; the pack's file name and its records."""
+    """Write ``records`` as one new pack in ``root``, atomically; the pack's file name and its records.
+
+    The pack fills a uniquely named temporary file in the store's directory, is fsynced once and renamed to
+    its final name (atomic on POSIX and Windows). A crash leaves either no pack or a complete one, plus at
+    worst a stray temporary file that readers never open (:func:`sweep_temporary_files`). The directory is not
+    fsynced: after a power loss a pack may be missing (a miss, for a cache), never half there. Packs are
+    immutable, so a reader that opened one keeps reading the same bytes even if another process evicts
+    (unlinks) it meanwhile: there are no torn reads.
+
+    Every record is one stored value (:mod:`capkv.stores._value`): its header says the block's key, the memory
+    layout (and shard) the bytes were gathered under, the payload length and its checksum, so a truncated,
+    corrupted or stale record is found out by the store's checks when it is read, never loaded. The pack adds
+    nothing to a value: the records' headers are the pack's index (:func:`scan_pack`).
+    """
     name = f"{uuid.uuid4().hex}{PACK_SUFFIX}"
     headers: list[RecordHeader] = []
     offset = 0
@@ -147,7 +143,11 @@ def read_values(
     rows, its payload straight into the engine's blocks) — in as few system calls as the OS allows; per
     record, how many of its bytes were read (fewer than its value's length only where the pack ends
     before its index said — a read the OS returned in parts is resumed, never short), or ``None`` when
-    the pack is gone or unreadable."""
+    the pack is gone or unreadable.
+
+    Reading decides by what happened: a missing pack is a miss; any other ``OSError`` (out of file
+    descriptors, an I/O error, no permission) is this read's miss only, and says nothing about the file.
+    """
     views: list[memoryview] = []
     sizes: list[int] = []
     for record, buffer in zip(records, buffers, strict=True):

@@ -1,14 +1,7 @@
 """``CPUOffloadConnector``: computed KV kept in a host block pool, loaded on a prefix hit.
 
-The pool holds ``capacity_blocks`` values (each slot as large as the largest
-group's value) in one host tensor — a :class:`~capkv.stores.Backend` that
-lives in the worker's memory (:class:`HostPool`). What it holds is decided on
-the scheduler side (:class:`~capkv.connectors._host_pool.HostPoolIndex`): when a
-save needs room, it evicts from the tail of the prefix chain used longest ago —
-never a block a load or a save is using, nor one of the prefix the save extends
-— and the evicted blocks travel to the worker in the step's metadata, deleted
-before the step's saves are written. On CUDA the pool is pinned and saves are
-written in the background.
+The pool is a :class:`~capkv.stores.Backend` in the worker's memory whose contents the scheduler side decides,
+so both sides agree without sharing state.
 """
 
 from __future__ import annotations
@@ -167,6 +160,13 @@ class HostPoolConnector(PrefixStoreConnector):
     sliding window, per-layer shape; the dtype). ``capacity_blocks`` bounds the
     pool. ``namespace`` separates models that share layer names and shapes.
     Whether it serves several groups is its subclasses' choice.
+
+    The pool holds ``capacity_blocks`` values (each slot as large as the largest group's value) in one host
+    tensor (:class:`HostPool`). What it holds is decided on the scheduler side
+    (:class:`~capkv.connectors._host_pool.HostPoolIndex`): when a save needs room, it evicts from the tail of
+    the prefix chain used longest ago — never a block a load or a save is using, nor one of the prefix the
+    save extends — and the evicted blocks travel to the worker in the step's metadata, deleted before the
+    step's saves are written. On CUDA the pool is pinned and saves are written in the background.
     """
 
     extra_config_options: ClassVar[ConnectorOptions] = ConnectorOptions(

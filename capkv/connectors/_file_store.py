@@ -1,21 +1,7 @@
 """``FileStoreConnector``: the store's values in pack files in a directory, shared by processes.
 
-A :class:`FileBackend` under the shared store layer
-(:class:`~capkv.stores.StoreConnector`): the writer puts every value sealed
-since its last put into one pack file (:mod:`capkv.connectors._block_file`: one
-file, one fsync, one atomic rename), so the cost per block is its bytes, not a
-file. Reads go straight to the record's offset, values that lie back to back
-in one pack in one system call, into the store's buffers. The directory is the
-index (:mod:`capkv.connectors._pack_catalog`), shared by every engine process
-that uses it, and bounded by ``capacity_bytes`` over all of them (least
-recently used packs go first, never one any process has leased: see the
-catalog for how processes share the directory).
-
-A pack that is gone is a miss; any other read error (out of file descriptors,
-an I/O error, no permission) is this step's miss and keeps the file. A value
-the store's checks find damaged (any byte of it) is deleted: a tombstone for its
-record (the pack's other records stay), which every process's next lookup sees. A write that fails is reported once — raised by
-``flush``/``close`` and counted in ``failed_save_blocks``.
+One pack file per write (one fsync, one atomic rename), so the cost per block is its bytes, not a file; the
+directory is the index every engine process shares.
 """
 
 from __future__ import annotations
@@ -65,7 +51,21 @@ _log = logging.getLogger("capkv.stores")
 
 class FileBackend:
     """A store directory's pack files as a backend: batched reads straight into buffers, pins, one
-    pack per put."""
+    pack per put.
+
+    The writer puts every value sealed since its last put into one pack file
+    (:mod:`capkv.connectors._block_file`). Reads go straight to the record's offset, values that lie back to
+    back in one pack in one system call, into the store's buffers. The directory is the index
+    (:mod:`capkv.connectors._pack_catalog`), shared by every engine process that uses it, and bounded by
+    ``capacity_bytes`` over all of them (least recently used packs go first, never one any process has
+    leased).
+
+    A pack that is gone is a miss; any other read error (out of file descriptors, an I/O error, no permission)
+    is this step's miss and keeps the file. A value the store's checks find damaged (any byte of it) is
+    deleted: a tombstone for its record (the pack's other records stay), which every process's next lookup
+    sees. A write that fails is reported once — raised by ``flush``/``close`` and counted in
+    ``failed_save_blocks``.
+    """
 
     slow: bool = True
     """Reads go to a disk: the store loads in the background (``load_async``); set ``False`` on an

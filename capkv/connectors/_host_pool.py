@@ -1,23 +1,7 @@
 """The scheduler side's map of a host block pool: slots, recency, pins.
 
-The pool itself (the memory, :class:`~capkv.connectors._cpu_offload.HostPool`)
-lives on the worker side; the scheduler decides what it holds — which blocks
-are saved, which are evicted to make room — and ships the decisions in the
-connector metadata, so both sides agree without sharing state. A slot being written is
-*pending*: not loadable and not evictable until the worker reports the save
-over (stored: it becomes loadable; failed: the slot is free again). A slot being
-read by a load is *pinned*: not evictable until the step that loads it has run.
-
-Eviction keeps prefix chains usable. A block is only worth something while
-every block before it in its chain is stored too, so a chain is evicted from
-its tail: when a request uses its chain (:meth:`HostPoolIndex.use`, head
-first), the head becomes the most recently used block of all and each block
-after it a little less, so the least recently used block — the victim — is the
-tail of the chain used longest ago. Blocks a request is using are protected
-until :meth:`HostPoolIndex.end_use`: a save never evicts a block of the prefix
-it extends (that would spend a slot to break the chain it is adding to).
-The index counts slots (the pool's capacity); the pool memory places values
-in its own slots.
+The scheduler decides what the worker's pool holds and ships the decisions in the connector metadata, so both
+sides agree without sharing state.
 """
 
 from __future__ import annotations
@@ -31,7 +15,20 @@ __all__ = ["HostPoolIndex"]
 
 
 class HostPoolIndex:
-    """Slots of a ``capacity``-block host pool, keyed by :class:`BlockKey`."""
+    """Slots of a ``capacity``-block host pool, keyed by :class:`BlockKey`.
+
+    A slot being written is *pending*: not loadable and not evictable until the worker reports the save over
+    (stored: it becomes loadable; failed: the slot is free again). A slot being read by a load is *pinned*:
+    not evictable until the step that loads it has run.
+
+    Eviction keeps prefix chains usable. A block is only worth something while every block before it in its
+    chain is stored too, so a chain is evicted from its tail: when a request uses its chain (:meth:`use`, head
+    first), the head becomes the most recently used block of all and each block after it a little less, so the
+    least recently used block — the victim — is the tail of the chain used longest ago. Blocks a request is
+    using are protected until :meth:`end_use`: a save never evicts a block of the prefix it extends (that
+    would spend a slot to break the chain it is adding to). The index counts slots (the pool's capacity); the
+    pool memory places values in its own slots.
+    """
 
     __slots__ = (
         "_clock", "_evicted", "_free", "_heap", "_pending", "_pins", "_protected", "_protected_keys", "_ready",

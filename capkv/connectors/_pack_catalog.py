@@ -1,27 +1,7 @@
 """Which blocks a store directory holds, in which pack and where: the file store's index.
 
-The directory is the truth, shared by every engine process that uses it — vLLM's
-scheduler and each of its workers is a process. A catalog lists the directory
-once, then follows its journal (:mod:`capkv.connectors._pack_journal`): a
-lookup miss reads only what other processes changed since, never the whole
-directory. It maps ``(key, layout fingerprint)`` to a record; records of
-another layout are simply other keys: never offered, and never a reason not to
-save this layout's own copy.
-
-A record found damaged (bad header or checksum) is removed from the store, not
-its pack, whose other records are good: a tombstone file ``<pack>.<offset>.dead``
-tells processes that list the directory later, the journal those running now.
-
-Capacity is bounded in bytes, over every process's packs. Eviction removes whole
-packs, least recently used first (a load marks its pack used, for other
-processes too, through the file's modification time, checked again before a
-pack goes). A pin is a lease that every process honours and no crash leaves
-behind: a shared ``flock`` on the pack, held by an open descriptor, which the
-kernel drops when the process dies. Eviction takes the exclusive lock without
-waiting, so it passes over a pinned pack and a pin never takes a pack being
-evicted; a pin checks that the pack it locked is still linked, so it never
-succeeds on a pack that is gone. A reader that opened a pack keeps reading it
-after an eviction (packs never change in place).
+The directory is the truth, shared by every engine process (vLLM's scheduler and each worker); a catalog lists
+it once, then follows its journal, so a lookup miss never lists it again.
 """
 
 from __future__ import annotations
@@ -60,7 +40,22 @@ class _Lease:
 
 
 class PackCatalog:
-    """A thread-safe view of one store directory's packs, and this process's leases on them."""
+    """A thread-safe view of one store directory's packs, and this process's leases on them.
+
+    It maps ``(key, layout fingerprint)`` to a record; records of another layout are simply other keys: never
+    offered, and never a reason not to save this layout's own copy. A record found damaged (bad header or
+    checksum) is removed from the store, not its pack, whose other records are good: a tombstone file
+    ``<pack>.<offset>.dead`` tells processes that list the directory later, the journal those running now.
+
+    Capacity is bounded in bytes, over every process's packs. Eviction removes whole packs, least recently
+    used first (a load marks its pack used, for other processes too, through the file's modification time,
+    checked again before a pack goes). A pin is a lease that every process honours and no crash leaves behind:
+    a shared ``flock`` on the pack, held by an open descriptor, which the kernel drops when the process dies.
+    Eviction takes the exclusive lock without waiting, so it passes over a pinned pack and a pin never takes a
+    pack being evicted; a pin checks that the pack it locked is still linked, so it never succeeds on a pack
+    that is gone. A reader that opened a pack keeps reading it after an eviction (packs never change in
+    place).
+    """
 
     def __init__(self, root: Path, capacity_bytes: int) -> None:
         self.root = root

@@ -1,21 +1,7 @@
 """Which packs came and went in a store directory, told to every process that shares it.
 
-A lookup miss must not list the directory (thousands of packs, on the
-scheduler's path), yet it must see the packs other processes — vLLM's workers
-— wrote a moment ago. So every change is also a line appended to a journal in
-the directory: ``+<pack>`` (written), ``-<pack>`` (evicted), ``!<pack> <offset>``
-(a record found damaged). A reader keeps its place and, per miss, pays one
-``fstat``, reading only the lines added since (:meth:`PackJournal.read`).
-
-Appends are single ``O_APPEND`` writes, so writers never interleave inside a
-line on a local file system. The journal rotates through generations
-``.journal.<n>``: whoever finds generation ``n`` past :data:`ROTATE_BYTES`
-creates ``n + 1`` and removes ``n - 1``. A writer that finds a newer
-generation after appending appends there too, and a reader finishes a
-generation only after seeing the next one exists, so no line falls between
-them. A reader that lost its place (its generation removed under it, the
-directory deleted) gets ``None`` and lists the directory once — the only time
-a reader does.
+A lookup miss must see the packs other processes wrote a moment ago without listing the directory (thousands
+of packs, on the scheduler's path).
 """
 
 from __future__ import annotations
@@ -42,7 +28,19 @@ def latest_generation(names: list[str]) -> int:
 
 
 class PackJournal:
-    """One process's end of a store directory's journal: appends changes, reads the others'."""
+    """One process's end of a store directory's journal: appends changes, reads the others'.
+
+    Every change is also a line appended to a journal in the directory: ``+<pack>`` (written), ``-<pack>``
+    (evicted), ``!<pack> <offset>`` (a record found damaged). A reader keeps its place and, per miss, pays one
+    ``fstat``, reading only the lines added since (:meth:`read`).
+
+    Appends are single ``O_APPEND`` writes, so writers never interleave inside a line on a local file system.
+    The journal rotates through generations ``.journal.<n>``: whoever finds generation ``n`` past
+    :data:`ROTATE_BYTES` creates ``n + 1`` and removes ``n - 1``. A writer that finds a newer generation after
+    appending appends there too, and a reader finishes a generation only after seeing the next one exists, so
+    no line falls between them. A reader that lost its place (its generation removed under it, the directory
+    deleted) gets ``None`` and lists the directory once — the only time a reader does.
+    """
 
     def __init__(self, root: Path) -> None:
         self._root = root

@@ -1,16 +1,7 @@
 """Batched, bounded Redis commands over one server or a Redis Cluster.
 
-A store connector asks about many blocks at once (a lookup, a step's loads,
-a batch of saves), and must never hang on the network nor fail a step because
-one server is gone. So every call here takes a list of keys, sends one
-pipeline per server (keys routed by cluster hash slot when the server is a
-cluster), and answers per key: a result, or :data:`FAILED` for the keys whose
-server could not answer. Each socket operation is bounded by ``timeout_s``;
-a server that failed is not contacted again for ``retry_interval_s`` (its keys
-fail at once), then tried afresh, so a restarted server is picked up by itself.
-
-The ``redis`` package is imported when a client is made, never before:
-``import capkv`` works without it.
+A store asks about many blocks at once and must never hang on the network nor fail a step because one server
+is gone: one pipeline per server, an answer per key.
 """
 
 from __future__ import annotations
@@ -87,6 +78,13 @@ class RedisKV:
     can be learnt while one of them is down; ``cluster=None`` asks the server
     which one it is.
     Errors that are not the server's fault (a bad URL) raise :class:`~capkv.ConfigError`.
+
+    Every call takes a list of keys, sends one pipeline per server (keys routed by cluster hash slot when the
+    server is a cluster), and answers per key: a result, or :data:`FAILED` for the keys whose server could not
+    answer. Each socket operation is bounded by ``timeout_s``; a server that failed is not contacted again for
+    ``retry_interval_s`` (its keys fail at once), then tried afresh, so a restarted server is picked up by
+    itself. The ``redis`` package is imported when a client is made, never before: ``import capkv`` works
+    without it.
     """
 
     def __init__(

@@ -1,18 +1,7 @@
 """``RedisStoreConnector``: the store's values in Redis, so engines on many machines share them.
 
-A :class:`RedisBackend` under the shared store layer
-(:class:`~capkv.stores.StoreConnector`): a lookup is one ``STRLEN`` per value,
-all of a step's in one pipeline (a value of the wrong length is a miss); a
-step's loads are one pipeline of ``GET``s per server; the writer sends every
-value sealed since its last write in one pipeline of ``SET``s, while the next
-values are being sealed. Key names carry the namespace, the memory layout (with
-the worker's shard), the group and the block's digest (:class:`RedisKeys`).
-
-Redis failing is routine, not an error: a lookup that cannot be answered is a
-miss, a load that cannot be read is a per-group load error (the engine
-recomputes), a save that cannot be written is dropped and counted
-(``failed_save_blocks``), and every call is bounded by ``timeout_s``
-(:mod:`capkv.connectors._redis_client`). Evictions (``maxmemory``) are misses.
+Redis failing is routine, not an error: what cannot be answered is a miss, a load error the engine recomputes,
+or a dropped save, and every call is bounded.
 """
 
 from __future__ import annotations
@@ -56,7 +45,19 @@ class RedisKeys:
 
 
 class RedisBackend:
-    """Redis (a server or a cluster) as a backend: every call one pipeline per server, bounded."""
+    """Redis (a server or a cluster) as a backend: every call one pipeline per server, bounded.
+
+    A lookup is one ``STRLEN`` per value, all of a step's in one pipeline (a value of the wrong length is a
+    miss); a step's loads are one pipeline of ``GET``s per server; the writer sends every value sealed since
+    its last write in one pipeline of ``SET``s, while the next values are being sealed. Key names carry the
+    namespace, the memory layout (with the worker's shard), the group and the block's digest
+    (:class:`RedisKeys`).
+
+    A lookup that cannot be answered is a miss, a load that cannot be read is a per-group load error (the
+    engine recomputes), a save that cannot be written is dropped and counted (``failed_save_blocks``), and
+    every call is bounded by ``timeout_s`` (:mod:`capkv.connectors._redis_client`). Evictions (``maxmemory``)
+    are misses.
+    """
 
     slow: bool = True
     """Reads cross a network: the store loads in the background (``load_async``)."""

@@ -1,12 +1,7 @@
 """``SingleGroupOffloadConnector``: a deliberately single-group host-pool connector.
 
-It is the counter-example of capkv's checks: it implements only the
-single-group ``request_finished`` (no ``SupportsHMA``), so a type checker
-refuses it where an HMA connector is needed, ``MultiConnector`` with it is not
-HMA-capable, and :func:`capkv.check_stack` rejects such a stack before serving
-when the engine has several KV-cache groups. Should it be driven on several
-groups anyway, it raises :class:`~capkv.CapabilityError` instead of serving
-group 0 alone. On a one-group model it is a working host-pool cache.
+The counter-example capkv's checks exist for: type checkers, ``MultiConnector`` and :func:`capkv.check_stack`
+all refuse it where several KV-cache groups are served.
 """
 
 from __future__ import annotations
@@ -20,7 +15,14 @@ __all__ = ["SingleGroupOffloadConnector"]
 
 
 class SingleGroupOffloadConnector(HostPoolConnector):
-    """A host-pool prefix cache that handles exactly one KV-cache group."""
+    """A host-pool prefix cache that handles exactly one KV-cache group.
+
+    It implements only the single-group ``request_finished`` (no ``SupportsHMA``), so a type checker refuses
+    it where an HMA connector is needed, ``MultiConnector`` with it is not HMA-capable, and
+    :func:`capkv.check_stack` rejects such a stack before serving when the engine has several KV-cache groups.
+    Should it be driven on several groups anyway, it raises :class:`~capkv.CapabilityError` instead of serving
+    group 0 alone. On a one-group model it is a working host-pool cache.
+    """
 
     def get_num_new_matched_tokens(self, request: ComputedTokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
         self._one_group("get_num_new_matched_tokens")
