@@ -1,17 +1,7 @@
 """capkv: typed, composable, checked KV-cache connectors.
 
-Describe connectors with :class:`KVConnector` (and capabilities such as
-:class:`SupportsHMA`), stack them with :class:`MultiConnector` — whose
-capabilities are inferred from its children, statically and at run time — and
-let :func:`check_stack` and :func:`finish_request` refuse what a stack cannot serve.
-In dev mode (``CAPKV_DEV=1`` or ``python -X dev``), :func:`capkv.devmode.instrument`
-checks every transfer call against the engine's :class:`KVSpec`.
-
-Importing capkv loads no implementation: each name loads its module (and torch,
-where that needs it) when first used. In dev mode the first name used also puts
-capkv under beartype. ``capkv.__version__`` is the release; names that moved in a
-release keep working, with a ``DeprecationWarning`` naming their new home, for at
-least one more minor release (``CHANGELOG.md``).
+The contract (:class:`KVConnector`), the stack (:class:`MultiConnector`, its capabilities inferred from its
+children) and the rules that refuse what a stack cannot serve. Open ``contracts/_connector.py`` first.
 """
 
 from typing import TYPE_CHECKING

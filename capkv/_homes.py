@@ -1,20 +1,7 @@
 """Public homes: an exported class or function reports the front users import it from.
 
-capkv defines its names in private modules (``capkv/composite/_multi.py``) and
-exports them from package fronts (``capkv``). Python records the defining module
-as ``__module__``, which reprs, tracebacks, generated docs and pickles show; so,
-as trio and httpx do, each exported object is given its front's name instead —
-``capkv.MultiConnector.__module__ == "capkv"``, and a pickled stack names
-``capkv.MultiConnector``, which any later capkv can resolve wherever the class then
-lives.
-
-An exported enum member re-homes its enum (which pickles its members by name,
-``capkv.composite.NOT_BUILT``). The fronts register what they export (:func:`register`, called by
-:func:`capkv._lazy.attach`); a private module that defines exported names ends
-with ``publish(__name__)``, which re-homes them the moment they exist — whether
-the module was loaded through a front or imported directly — so no object is ever
-seen, or pickled, under its private path. ``tests/test_homes.py`` pins it for
-every exported name.
+So reprs, tracebacks, generated docs and pickles name ``capkv.MultiConnector``, which any later capkv can
+resolve wherever the class then lives.
 """
 
 from __future__ import annotations
@@ -44,6 +31,16 @@ def publish(module: str, *fronts: str) -> None:
     imported before the module itself), and ``fronts``: those of another package
     that export from this one (``capkv.testing`` exports an engine object), which
     are imported here — a front costs nothing to import.
+
+    capkv defines its names in private modules (``capkv/composite/_multi.py``) and exports them from package
+    fronts (``capkv``). Python records the defining module as ``__module__``; as trio and httpx do, each
+    exported object is given its front's name instead — ``capkv.MultiConnector.__module__ == "capkv"``. An
+    exported enum member re-homes its enum (which pickles its members by name, ``capkv.composite.NOT_BUILT``).
+
+    The fronts register what they export (:func:`register`, called by :func:`capkv._lazy.attach`); a private
+    module that defines exported names ends with ``publish(__name__)``, which re-homes them the moment they
+    exist — whether the module was loaded through a front or imported directly — so no object is ever seen, or
+    pickled, under its private path. ``tests/test_homes.py`` pins it for every exported name.
     """
     namespace = vars(sys.modules[module])
     parts = module.split(".")

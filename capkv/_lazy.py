@@ -1,16 +1,7 @@
 """Package fronts that import nothing until a name is used (PEP 562, as attrs does).
 
-``import capkv`` then loads no implementation, and ``import capkv.mypy`` (inside
-every mypy run) or ``capkv check`` never loads torch unless a connector it names
-does. A front lists its names three times, each for one reader: an
-``if TYPE_CHECKING:`` import block for type checkers (exact types, no
-``__getattr__`` visible to them), ``__all__``, and the ``exports`` map given to
-:func:`attach` for the interpreter; ``tests/test_exports.py`` checks that the
-three agree.
-
-This module imports nothing of capkv's layers: what must happen before an
-implementation module loads (dev mode's type checks) is registered by the root
-front with :func:`before_loading`.
+So ``import capkv`` loads no implementation, and ``import capkv.mypy`` (inside every mypy run) or ``capkv
+check`` never loads torch unless a connector it names does.
 """
 
 from __future__ import annotations
@@ -28,7 +19,11 @@ _hooks: list[Callable[[], None]] = []
 
 
 def before_loading(hook: Callable[[], None]) -> None:
-    """Call ``hook()`` each time a front is about to take a name from an implementation module."""
+    """Call ``hook()`` each time a front is about to take a name from an implementation module.
+
+    This module imports nothing of capkv's layers: what must happen before an implementation module loads (dev
+    mode's type checks) is registered by the root front here.
+    """
     _hooks.append(hook)
 
 
@@ -48,6 +43,10 @@ def attach(
     ``submodules`` are fronts below this one, reachable as attributes
     (``capkv.devmode``) — importing a front loads nothing, so they need no check.
     ``dir()`` lists exactly these (and the dunders the module sets itself).
+
+    A front lists its names three times, each for one reader: an ``if TYPE_CHECKING:`` import block for type
+    checkers (exact types, no ``__getattr__`` visible to them), ``__all__``, and the ``exports`` map given
+    here for the interpreter; ``tests/test_exports.py`` checks that the three agree.
     """
     where_defined = {name: module for module, names in exports.items() for name in names}
     below = frozenset(submodules)

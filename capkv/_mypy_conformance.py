@@ -1,11 +1,7 @@
 """Why a type is not a connector: the protocol's members, one by one, in words.
 
-mypy says a class "has incompatible type" or lists eighteen overloads; when a
-protocol member differs only by a parameter's name it says nothing more. The
-plugin instead names the member and how it differs — missing, a parameter
-renamed, missing, extra or of the wrong type, a wrong return type — using only
-mypy's types: nothing here reports, so the rule can be read (and tested) apart
-from the hook that reports it (:mod:`capkv.mypy`).
+mypy says a class "has incompatible type" or lists eighteen overloads; the plugin names the member and how it
+differs. Nothing here reports, so the rule is read (and tested) apart from the hook.
 """
 
 from __future__ import annotations
@@ -23,7 +19,11 @@ _LIMIT = 3
 
 
 def member_differences(child: Instance, protocol: Instance, options: Options) -> list[str]:
-    """How ``child`` fails ``protocol``, one phrase per member (empty when it conforms)."""
+    """How ``child`` fails ``protocol``, one phrase per member (empty when it conforms).
+
+    Each phrase says how the member differs: missing, a parameter renamed, missing, extra or of the wrong
+    type, a wrong return type — using only mypy's types.
+    """
     found: list[str] = []
     missing: list[str] = []
     for member in sorted(protocol.type.protocol_members):

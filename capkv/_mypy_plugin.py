@@ -1,11 +1,7 @@
 """The mypy plugin behind :mod:`capkv.mypy` (which exports :func:`plugin` alone).
 
-:class:`CapkvPlugin` hooks ``MultiConnector`` (and subclass) construction: the
-stack's precise type from every child's type, and — where the result must be
-HMA-capable and is not — one error naming the offending children (``capkv-hma``),
-or, for a child that is not a ``KVConnector``, one error per child naming the
-members that differ (``capkv-connector``, :mod:`capkv._mypy_conformance`). The
-rule itself lives in :mod:`capkv._mypy_rule`.
+It changes mypy's messages about ``MultiConnector`` stacks, never its verdicts; the rule it applies lives in
+:mod:`capkv._mypy_rule`.
 """
 
 from __future__ import annotations
@@ -68,7 +64,12 @@ _RULE_DIGEST = hashlib.sha256(
 
 
 class CapkvPlugin(Plugin):
-    """Hooks ``MultiConnector`` (and subclass) construction: precise types and explanations."""
+    """Hooks ``MultiConnector`` (and subclass) construction: precise types and explanations.
+
+    The stack's precise type from every child's type, and — where the result must be HMA-capable and is not —
+    one error naming the offending children (``capkv-hma``), or, for a child that is not a ``KVConnector``,
+    one error per child naming the members that differ (``capkv-connector``, :mod:`capkv._mypy_conformance`).
+    """
 
     def __init__(self, options: Options) -> None:
         super().__init__(options)

@@ -1,11 +1,7 @@
 """The stack rule on mypy's types: what a ``MultiConnector(...)`` call is, and why it is not HMA-capable.
 
-The same rule as the composite's overloads and :func:`capkv.supports_hma`, asked
-of types instead of objects: a child is a connector when it satisfies
-``KVConnector``, HMA-capable when it satisfies ``HMAConnector`` (``Any`` proves
-nothing); a stack is HMA-capable exactly when every child is. Nothing here
-reports or hooks anything — :mod:`capkv.mypy` does that — so each answer is a
-plain function of the types, memoised for one build.
+The composite's overloads and :func:`capkv.supports_hma` asked of types; nothing here reports, so each answer
+is a plain function of the types.
 """
 
 from __future__ import annotations
@@ -31,7 +27,12 @@ _TUPLE = "builtins.tuple"
 
 
 class StackRule:
-    """The rule, for one mypy build: classes looked up once, protocol checks memoised."""
+    """The rule, for one mypy build: classes looked up once, protocol checks memoised.
+
+    A child is a connector when it satisfies ``KVConnector``, HMA-capable when it satisfies ``HMAConnector``
+    (``Any`` proves nothing); a stack is HMA-capable exactly when every child is. Reporting and hooking are
+    :mod:`capkv.mypy`'s.
+    """
 
     def __init__(self, lookup: Callable[[str], SymbolTableNode | None]) -> None:
         self._lookup = lookup

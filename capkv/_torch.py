@@ -1,19 +1,7 @@
 """torch, imported when first used; and telling tensors apart without importing it.
 
-Importing torch costs about a second (and, without numpy, a warning), so capkv's
-modules that move KV bind ``torch`` to :data:`torch`, a stand-in that imports the
-real module on its first attribute read. ``capkv check``, the mypy plugin and
-stacks of torch-free connectors import those modules without paying for torch;
-serving pays once, at the first tensor operation. Type checkers see the real
-module::
-
-    if TYPE_CHECKING:
-        import torch
-    else:
-        from capkv._torch import torch
-
-:func:`is_tensor` answers ``isinstance(value, torch.Tensor)`` from
-``sys.modules``: a value can only be a tensor once torch is loaded.
+Importing torch costs about a second, so ``capkv check``, the mypy plugin and stacks of torch-free connectors
+never pay for it; serving pays once, at the first tensor operation.
 """
 
 from __future__ import annotations
@@ -32,7 +20,16 @@ __all__ = ["is_tensor", "torch"]
 
 
 class _Deferred(types.ModuleType):
-    """Stands in for torch: the first read of an attribute imports torch; each is then kept here."""
+    """Stands in for torch: the first read of an attribute imports torch; each is then kept here.
+
+    capkv's modules that move KV bind ``torch`` to :data:`torch`, this stand-in;
+    type checkers see the real module::
+
+        if TYPE_CHECKING:
+            import torch
+        else:
+            from capkv._torch import torch
+    """
 
     def __getattr__(self, name: str) -> object:
         value = getattr(importlib.import_module("torch"), name)
@@ -45,6 +42,9 @@ torch = _Deferred("torch", "torch, imported on the first attribute read (capkv._
 
 
 def is_tensor(value: object) -> TypeIs[_real_torch.Tensor]:
-    """``isinstance(value, torch.Tensor)``, answered without importing torch when it is not loaded."""
+    """``isinstance(value, torch.Tensor)``, answered without importing torch when it is not loaded.
+
+    A value can only be a tensor once torch is loaded, so ``sys.modules`` answers.
+    """
     loaded = sys.modules.get("torch")
     return loaded is not None and isinstance(value, loaded.Tensor)

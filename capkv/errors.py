@@ -1,9 +1,7 @@
 """capkv's exceptions.
 
-Every error capkv raises is a :class:`CapkvError`, so an engine can catch capkv's
-refusals in one place. Each carries the facts a person needs to fix the stack —
-which connector, which method, which KV-cache group, which value — both in its
-message and as attributes, so engines can log or react to them structurally.
+Every refusal is a :class:`CapkvError`, so an engine catches capkv's in one place, and reads the facts to fix
+the stack (connector, method, group, value) as attributes as well as in the message.
 """
 
 import copyreg as _copyreg
@@ -24,7 +22,12 @@ _NEW_OBJECT: object = vars(_copyreg)["__newobj__"]  # pickle writes it as NEWOBJ
 
 
 class CapkvError(Exception):
-    """Base class of every error capkv raises."""
+    """Base class of every error capkv raises.
+
+    Each carries the facts a person needs to fix the stack — which connector, which method, which KV-cache
+    group, which value — both in its message and as attributes, so engines can log or react to them
+    structurally.
+    """
 
     connector: str | None
     """Name (class, or position and class inside a stack) of the connector at fault."""

