@@ -1,7 +1,7 @@
 """Block copy ops: paged per-layer KV tensors <-> host rows, for every KV-cache group.
 
-:class:`BlockCopier` gathers and scatters any set of one group's blocks; each
-copy returns a :class:`CopyHandle` (finished at once on CPU, an event on CUDA).
+Connectors copy through :class:`BlockCopier` whatever the layout or device; open ``_copier.py`` first (the
+mechanics: docs/internals.md, "Copy ops").
 """
 
 from typing import TYPE_CHECKING

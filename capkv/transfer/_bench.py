@@ -1,9 +1,6 @@
 """Gather/scatter throughput against a plain contiguous copy of the same bytes.
 
-The contiguous copy is the physical limit of the devices involved (host memory
-on CPU; device <-> pinned host on CUDA), so the ratio says how much of it the
-block copy ops keep once blocks are scattered over a paged cache: random,
-distinct block ids, every layer of the group in one call.
+The contiguous copy is the devices' physical limit, so the ratio says how much of it the block copy ops keep.
 """
 
 from __future__ import annotations

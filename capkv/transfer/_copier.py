@@ -1,17 +1,7 @@
 """Block copies between the engine's paged KV tensors and host rows.
 
-:class:`BlockCopier` is what connectors use: bound to the engine's registered
-KV tensors (checked against the :class:`~capkv.KVSpec`), it gathers any set of
-one group's blocks into host *rows* and scatters rows back, for every layer of
-the group in one batched call — whatever the block dimension, whatever each
-group's block size.
-
-Host rows are a ``uint8`` tensor of shape ``(n, row_nbytes)`` whose rows are
-contiguous (a slice of a larger pool is fine), with
-``row_nbytes >= block_nbytes(group)``: block ``j`` of a call occupies the first
-``block_nbytes`` bytes of row ``j``, every run of every layer in spec order.
-The bytes are the engine's own, bit for bit; a row is opaque, so a store keeps
-it as it is.
+What connectors use: one batched call per group, whatever the block dimension or block size (the row format:
+docs/api/transfer.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """The CPU fast path: whole-block row copies, batched over blocks, straight to and from host rows.
 
-A layer's runs form one evenly spaced slab (dense layouts always do). A
-gather is one ``torch.index_select`` per *piece* of a slab, written straight
-into the host rows (no temporary); a scatter is one indexed write per slab,
-read straight from them. Both move 16-byte words on torch's intra-op threads.
-
-Why pieces: ``index_select`` shares its ids among the threads (one parallel
-region, each id a ``memcpy`` when its slice is dense) only while one id's
-slice has fewer than :data:`SLICE_WORDS` elements; a wider slice is copied id
-after id, each copy its own parallel region — hundreds per call at vLLM's
-128-token blocks, and each region waits for its slowest thread, so one busy
-core stalls it. Cutting slabs into pieces under that size keeps a gather at a
-handful of regions, like the contiguous copy it is measured against
-(``capkv bench transfer``).
+Slabs are cut into pieces so a gather stays a handful of parallel regions (why: docs/internals.md, "The CPU
+path").
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The CUDA path: copies on a side stream, staged through bounded device memory.
 
-A gather waits for the engine's current stream (where the KV was written),
-gathers the blocks on the device into a staging buffer (device bandwidth, one
-kernel per plane), then moves each staged chunk to pinned host rows with one
-non-blocking copy; a scatter mirrors it. An event marks completion, so the host
-never blocks on a save, and loads are ordered before the engine's next kernels
-with a stream wait rather than a host sync.
-
-The staging buffer is allocated under the side stream, so the caching allocator
-only ever reuses its memory in that stream's order.
+An event marks completion, so the host never blocks on a save and loads are ordered by a stream wait, not a
+host sync.
 """
 
 from __future__ import annotations

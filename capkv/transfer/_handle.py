@@ -1,9 +1,7 @@
 """Completion of a block copy, however the device runs it.
 
-On CPU a copy has finished when the call returns; on CUDA it runs on a side
-stream and finishes later. One small interface covers both, so connectors are
-written once: poll :meth:`CopyHandle.done` to report finished saves, call
-:meth:`CopyHandle.stream_wait` before the engine computes on loaded blocks.
+One small interface for a CPU copy (done when the call returns) and a CUDA one (done later), so connectors are
+written once.
 """
 
 from __future__ import annotations

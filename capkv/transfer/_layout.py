@@ -1,9 +1,7 @@
 """The registered KV cache as the copy ops see it: each group's layers, as runs.
 
-Built once, when the engine registers its KV tensors, and checked against the
-:class:`~capkv.KVSpec` the connector was configured with — so a mismatch (a
-missing layer, a wrong shape or dtype) is a :class:`~capkv.ConfigError` at
-registration, not wrong bytes later.
+Checked against the :class:`~capkv.KVSpec` at registration, so a mismatch is a :class:`~capkv.ConfigError`
+there, not wrong bytes later.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """Where one block's bytes live inside a paged KV tensor.
 
-Whatever the layout — blocks first, blocks after a K/V dimension, or a permuted
-(HND-style) view — each block of a layer occupies one dense run of memory per
-index of the dimensions that vary more slowly than the block dimension. The copy
-ops view each family of runs as a 2-D *plane* ``(num_blocks, run)``, so copying
-any set of blocks is one row gather (or scatter) per plane, whatever the layout.
-
-Planes are views over raw machine words, not over the tensor's dtype: a copy is
-bitwise by construction (bit-exact for every dtype, NaN payloads included), and
-the widest word that the alignment allows (up to 16 bytes) makes the copy
-kernels move one element per 16 bytes instead of one per 2.
+Any layout is dense runs per block, copied as raw words: one row gather per plane, bit-exact for every dtype
+(docs/internals.md, "Copy ops").
 """
 
 from __future__ import annotations
