@@ -1,22 +1,7 @@
 """Testing a connector: the conformance kit, the null connector, engine-side objects.
 
-Run the kit from your own tests::
-
-    from capkv.testing import assert_conformant
-
-    def test_my_connector_conforms(tmp_path):
-        assert_conformant(lambda spec: MyConnector(spec))
-
-:func:`check_connector` serves connectors from your factory on hybrid layouts
-(1 to 4 KV-cache groups, sliding windows, block sizes 8 to 32, 2- and 4-byte
-dtypes), cold then warm, alone and inside ``MultiConnector`` stacks with
-:class:`~capkv.connectors.CPUOffloadConnector`, through the reference engine,
-which verifies every byte and the completion protocol; it returns a
-:class:`ConformanceReport` with what loaded, per group. :func:`assert_conformant`
-raises :class:`ConformanceFailure` (an ``AssertionError``) with the report.
-
-For unit tests: :class:`NullConnector` / :class:`HMANullConnector` (every member,
-nothing moved, every call recorded), and builders of the engine's objects.
+The kit serves your connector through the reference engine, which verifies every byte (guide § 13); open
+``_conformance.py`` first.
 """
 
 from typing import TYPE_CHECKING

@@ -1,20 +1,7 @@
 """The conformance kit: serve a connector through the reference engine and report what held.
 
-For each layout (several KV-cache group counts, windows, block sizes, dtypes) and
-each placement — alone, first in ``MultiConnector(yours, CPUOffloadConnector)``,
-second in ``MultiConnector(CPUOffloadConnector, yours)``, and, for a connector
-that loads slices (``loads_slices()``), behind a front tier that offers only the
-first part of each prefix, so yours is asked beyond the local hit — a fresh connector from
-the author's factory serves a workload cold (the engine computes and the
-connector may save), then warm (the engine forgot its prefix cache and poisoned
-its KV, so prefixes must come back through the connector). The engine verifies
-every loaded block and every finished request bit for bit, refuses stray or
-repeated completion reports, waits a bounded time for every delayed free, checks
-load errors are per group, and poisons blocks the moment they are released, so
-a connector that copies after letting the engine free its blocks stores poison.
-A failure caused by that poison is named an early free: the kit serves the same
-scenario again without poisoning, and if it then passes, the bytes were right
-and their timing was not.
+Every layout and placement that connectors get wrong, cold then warm, verified bit for bit; an early free is
+told apart from wrong bytes (docs/internals.md, "The conformance kit").
 """
 
 from __future__ import annotations

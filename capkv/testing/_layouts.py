@@ -1,8 +1,6 @@
 """The model layouts and the workload the conformance kit serves a connector on.
 
-Hybrid layouts differ in what connectors get wrong: how many KV-cache groups,
-sliding windows that are or are not a multiple of the block size, groups with
-different block sizes, and element sizes of 2 and 4 bytes. Each is small, so a
+Each differs in what connectors get wrong (group count, windows, block sizes, element size) and is small, so a
 cold and a warm run of every layout take seconds on a laptop CPU.
 """
 

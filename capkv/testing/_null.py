@@ -1,11 +1,6 @@
 """The null connector: every member present, nothing moved, every call recorded.
 
-One connector for unit tests of engines, composites and wrappers: its answers
-are attributes a test sets (``hit``, ``delay_free``, ``finished``, ...), and
-``calls`` records what it was asked, in order. :class:`NullConnector` handles
-one KV-cache group (no ``request_finished_all_groups``, so checkers and
-:func:`capkv.check_stack` treat it as single-group); :class:`HMANullConnector`
-adds that member and is HMA-capable.
+One connector for unit tests of engines, composites and wrappers: a test sets its answers and reads its calls.
 """
 
 from __future__ import annotations

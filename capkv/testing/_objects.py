@@ -1,9 +1,6 @@
 """Engine-side objects for a connector's unit tests, built in one call each.
 
-A connector is handed requests, a scheduler output, a forward context and the
-paged KV tensors. These builders make the reference engine's own objects
-(:mod:`capkv.engine`), the ones :func:`capkv.testing.check_connector` serves a
-connector with, so a unit test and the conformance run see the same shapes.
+The reference engine's own objects, so a unit test and the conformance run see the same shapes.
 """
 
 from __future__ import annotations
