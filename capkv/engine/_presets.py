@@ -1,11 +1,5 @@
-"""Real models' KV-cache shapes, one table for every benchmark.
-
-The demo model is small (32 KiB per 16-token block); the models people serve store 16 to 160 times that
-per block, and per-value costs and copy kernels behave differently there. A preset fixes what sets a
-block's bytes (layers, attention pattern and window, KV heads, head size, dtype) from the model's own
-configuration; a benchmark picks the block size and how many blocks fit its memory budget: a preset too
-big for a machine is scaled in blocks, never in value size.
-"""
+"""Real models' KV-cache shapes in one table, so every benchmark measures what users store (16-160x the demo's
+32 KiB per block). A benchmark too big for its machine scales a preset in blocks, never in value size."""
 
 from __future__ import annotations
 
