@@ -1,4 +1,8 @@
-"""The ``capkv`` command line: one private module per subcommand, dispatched by :func:`main`."""
+"""The ``capkv`` command line: ``demo``, ``check``, ``bench``.
+
+Every command ends with its documented exit status and one line per problem, never a traceback; open
+``_main.py`` first (the dispatch), then the subcommand's module.
+"""
 
 from typing import TYPE_CHECKING
 

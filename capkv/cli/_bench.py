@@ -1,8 +1,7 @@
 """``capkv bench``: measure what capkv's connectors cost.
 
-``capkv bench transfer`` times the block copy ops (gather to host rows, scatter
-back) against a plain contiguous copy of the same bytes on the same devices —
-the physical limit — and prints the ratio for 16- to 256-token blocks.
+``capkv bench transfer`` prints the block copy ops' throughput as a ratio to a contiguous copy of the same
+bytes, the physical limit.
 """
 
 from __future__ import annotations

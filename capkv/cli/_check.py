@@ -1,52 +1,7 @@
 """``capkv check CONFIG [--groups N]``: can this configured stack serve the engine?
 
-Prints the stack as a tree with each node's capabilities and exits non-zero,
-with one line per problem, when it cannot serve N KV-cache groups (decided from
-the classes, before anything is built, with the same explanation as
-:func:`capkv.check_stack` and the mypy plugin) or when its children conflict
-(KV-cache layouts, finished counts).
-
-Each fact — layout, piecewise CUDA graphs, finished count — comes from the
-first place that knows it: the node's class, when its member is class-level
-(:func:`capkv.capabilities._facts.class_fact`); for a ``MultiConnector`` node, its
-children's answers combined by the very rule ``MultiConnector`` applies
-(:mod:`capkv.composite._agreement`), so a conflict found before building reads
-exactly as the built stack would raise it; otherwise the connector built from
-its extra config. ``?`` marks a fact none of these knows.
-
-Unless ``--classes-only``, every connector is still built, to catch what only
-construction checks. A connector that cannot be built is an error only when
-that leaves a fact unknown: capkv's own connectors need the engine's
-:class:`~capkv.KVSpec`, so no configuration file can build them, yet their facts
-are class-level — failing them would make ``capkv check`` useless on the stacks
-it is most often run on. Their extra config then goes unchecked, so the final
-``ok`` line names them.
-
-Without ``--groups``, a stack that is not HMA-capable is never just ``ok``: the
-verdict says it serves one KV-cache group and why not two or more.
-
-Extra config is checked against the options each class declares
-(:class:`capkv.config.ConnectorOptions`), built or not: capkv's own connectors'
-typos and wrong types are refused even though no file can build them.
-
-Exit status: 0 servable, 1 not servable or conflicting children, 2 the
-configuration itself is wrong (including a connector that cannot be built from
-it when a fact needs the instance, a connector whose code raises or answers a
-fact with a value of the wrong kind — the tree and the HMA verdict are still
-printed first). Always one line per problem, never a traceback.
-
-A file vLLM reads as its own ``kv_transfer_config`` — one naming a class of
-``capkv.vllm``, or whose every connector vLLM knows — is judged as vLLM judges it
-(:mod:`capkv.cli._vllm_judge`), by classes: exit 0 when vLLM runs it with its hybrid
-allocator on, 1 when vLLM turns the allocator off, 2 when vLLM refuses it — each
-naming the child that decides. vLLM's connectors are built only on request
-(``--build``: built as vLLM builds them, for the scheduler, over a KV cache
-configuration without groups); the tree of capkv's view is still printed first.
-With sleep mode (``--enable-sleep-mode``, or ``enable_sleep_mode = true`` next to
-the file's ``kv_transfer_config``) it is judged as vLLM 0.33 judges it: exit 2
-when a leaf cannot sleep, naming the child and the leaf; on a vLLM without
-``supports_sleep_mode`` (0.32) one line says sleep mode is not judged, and the
-other verdicts stand.
+Decided from the classes, before anything is built, in the words :func:`capkv.check_stack` and the mypy plugin
+use (README, "Checking a configured stack"; the rules: docs/internals.md, "The command line").
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """``capkv demo``: serve a hybrid model through a connector stack, twice, and verify every byte.
 
-The first (cold) run computes every prompt and saves KV through the stack; then
-the engine forgets its local prefix cache and poisons its paged KV, and the
-second (warm) run gets its prefixes back through the stack. The reference engine
-checks each loaded block, and each request's KV at finish, bit for bit against
-recomputation. Exit status: 0 verified, 1 a mismatch, 2 a stack or option the
-engine refuses (before serving) or a failure while serving — one line, never a
-traceback.
-
-``--stack`` is a shorthand for a stack file (:mod:`capkv.cli._stack_spec`): its
-names resolve through the registry ``capkv check`` uses, and the stack is built
-and printed by the same code (:mod:`capkv.cli._stack_tree`), with the engine's
-KV spec and the demo's options (``--cpu-blocks`` for ``capacity_blocks``, the
-store directory for ``root``) filling options a connector declares and the
-stack leaves out. ``--import MODULE`` brings a user's connectors in.
-
-The options live in :mod:`capkv.cli._demo_options`, the two runs in :mod:`capkv.cli._demo_serve`, what is
-printed in :mod:`capkv.cli._demo_report`; this module ties them together and turns failures into one line.
+This module ties the options, the two runs and the report together and turns failures into one line
+(docs/internals.md, "The command line").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``capkv check`` on a vLLM ``kv_transfer_config`` that names a capkv host (``capkv.vllm``).
 
-The stack checked is the hosted one, under ``kv_connector_extra_config.stack``;
-the check then says which host classes that stack allows, and refuses
-``CapkvHMAConnector`` over a stack that is not HMA-capable — the very refusal
-the host makes when vLLM constructs it.
+It refuses ``CapkvHMAConnector`` over a stack that is not HMA-capable: the very refusal the host makes when
+vLLM constructs it.
 """
 
 from __future__ import annotations

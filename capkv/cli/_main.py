@@ -1,13 +1,7 @@
 """``capkv`` console script: dispatch to one subcommand module.
 
-Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``;
-registering one is a line in :data:`SUBCOMMANDS`.
-
-Whatever happens, a command ends with its documented exit status and at most
-one line per problem on stderr — never a traceback: a bad option is one line
-and exit 2 (argparse's usage block is left to ``--help``); an exception that
-escapes a subcommand (a bug, or a user's connector doing something no check
-foresaw) is one line and exit 2; Ctrl-C is one line and exit 130.
+Registering a subcommand is a line in :data:`SUBCOMMANDS`; whatever happens, a command ends with its exit
+status and one line per problem, never a traceback.
 """
 
 from __future__ import annotations

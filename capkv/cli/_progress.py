@@ -1,7 +1,6 @@
 """A progress display that also reads well in CI logs.
 
-On a terminal the line is redrawn in place; anywhere else (a pipe, a CI log) a
-line is printed at each quarter, so logs stay short and ordered.
+Redrawn in place on a terminal; elsewhere a line at each quarter, so logs stay short and ordered.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Stacks written on the command line: ``cpu,file``, ``cpu,[file,mykv.connectors:MemStore]``.
 
-A shorthand for a configuration file, nothing more: :func:`parse_stack` turns the
-text into the same ``kv_transfer_config`` mapping a stack file holds, and the
-names resolve through the same registry (:mod:`capkv.config`) — capkv's names,
-``@register_connector`` names, entry points, ``"module:Class"`` paths. A
-comma-separated list is a ``MultiConnector`` of its items (a list of one item is
-the item itself); square brackets nest a stack inside a stack.
+A shorthand for a configuration file, nothing more: the same mapping, the same registry (docs/internals.md,
+"The command line").
 """
 
 from __future__ import annotations

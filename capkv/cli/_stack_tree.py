@@ -1,23 +1,7 @@
 """One configured stack, built and asked: the tree ``capkv check`` and ``capkv demo`` both print.
 
-:func:`inspect_stack` builds what can be built (children first, with the one
-builder, :func:`capkv.config.build_connector`, given a context) and answers
-every fact of every node; :func:`tree_lines` renders the result, one line per
-node, numbered as every error message numbers children (``#2.2``).
-
-Each fact comes from the first place that knows it: the node's class, when its
-member is class-level (:func:`capkv.capabilities._facts.class_fact`); for a
-``MultiConnector`` node, its children's answers combined by the very rule
-``MultiConnector`` applies (:mod:`capkv.composite._agreement`), so a conflict found
-before building reads exactly as the built stack would raise it; otherwise the
-built connector. ``?`` marks a fact none of these knows.
-
-Whatever a user's connector raises while being built or asked — any
-exception, ``SystemExit`` included — is recorded as one line naming the node;
-answers of the wrong kind (a layout of ``5``) are refused the same way.
-Findings come in two kinds: :attr:`Findings.problems`, the stack cannot serve
-(exit 1), and :attr:`Findings.errors`, the configuration or a connector is
-broken (exit 2).
+One builder and one renderer, so the two commands never disagree about a stack (the fact rules:
+docs/internals.md, "The command line").
 """
 
 from __future__ import annotations

@@ -1,29 +1,7 @@
 """What vLLM (0.32, 0.33) does with a ``kv_transfer_config``, decided from classes: HMA on, HMA off, or refused.
 
-vLLM decides its hybrid KV-cache allocator (HMA) when it builds its configuration,
-with ``disable_hybrid_kv_cache_manager`` left to it: a connector class that derives
-from vLLM's ``SupportsHMA`` keeps HMA on; for the literal name ``"MultiConnector"``
-vLLM asks the configured children instead (every one must, an empty list turns it
-off), stopping at the first that does not. It refuses a configuration whose
-connector it cannot resolve — an unknown name, a module that does not import, a
-class that is not in its module, a constructor without ``kv_cache_config`` — and,
-when it builds the connector, a ``MultiConnector`` without ``connectors``, a child
-it cannot resolve, or a composite under another name whose children cannot serve
-the HMA it claimed (vLLM asserts there). capkv's hosts refuse what they refuse
-at construction (:mod:`capkv.config._hosts`); the drop-in
-(``capkv.vllm.MultiConnector``) is judged by vLLM's rule for its name.
-
-With sleep mode (vLLM's ``enable_sleep_mode``), vLLM 0.33 also asks the connector
-class ``supports_sleep_mode(kv_transfer_config)`` and refuses the configuration on
-no; its composite says yes only when every child does. The judge asks each leaf
-the way its class answers (a vLLM class its own classmethod, a capkv class its
-class-level fact) and combines them by the ``supports_sleep_mode`` row of
-:mod:`capkv.capabilities._table`, the row capkv's hosts apply. A vLLM without the
-member (0.32) asks nothing: no sleep-mode verdict then, and it says so.
-
-Nothing is built: names resolve to classes the way vLLM resolves them (vLLM's
-registry, ``kv_connector_module_path``), and each verdict names the child that
-decided it (``#2``, ``#1.2``).
+Nothing is built, so ``capkv check`` can answer without vLLM's engine; each verdict names the child that
+decided it (vLLM's rules: docs/internals.md, "The command line").
 """
 
 from __future__ import annotations
