@@ -1,10 +1,8 @@
-"""The generic composite: what a stack reports about its children's completion reports.
+"""The generic composite: ``MultiConnector``'s machinery, and what a stack reports about its children.
 
-``MultiConnector`` and its metadata are public from :mod:`capkv`; this front adds
-what only a stack's observer needs: why a child's report was dropped
-(:class:`Drop`, counted in ``stack.dropped_reports``) and the marker of metadata
-a side has not built (:data:`NOT_BUILT`). The ``capkv.composite`` logger is the
-one dropped reports are logged on.
+``MultiConnector`` is public from :mod:`capkv`; this front adds why a child's report was dropped
+(:class:`Drop`) and :data:`NOT_BUILT`. Open ``_multi.py`` first (the mechanisms: docs/internals.md, "The
+composite").
 """
 
 from typing import TYPE_CHECKING

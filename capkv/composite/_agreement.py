@@ -1,13 +1,7 @@
 """How a composite's facts follow from its children's answers: the rows of :mod:`capkv.capabilities._table`.
 
-:class:`~capkv.MultiConnector` applies them to its children's answers at run
-time; ``capkv check`` applies them to a configured stack's answers before the
-stack is built (from the children's classes where they can answer). Both get
-the same answer and, for a conflict, the same :class:`~capkv.ConflictError` text.
-The rules themselves (layouts agree, ``None`` not voting; finished counts agree;
-piecewise CUDA graphs when any child needs them) are the table's rows.
-
-Children are labelled ``#position ClassName`` (:func:`child_label`).
+Applied by :class:`~capkv.MultiConnector` at run time and by ``capkv check`` before building, so both give the
+same answer and, for a conflict, the same :class:`~capkv.ConflictError` text.
 """
 
 from __future__ import annotations

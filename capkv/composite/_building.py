@@ -1,15 +1,7 @@
 """Building a stack at run time: checking the children and choosing the class.
 
-``MultiConnector(...)`` decides here what its overloads decide statically: the
-stack is an instance of the HMA variant of the requested class exactly when
-every child is HMA-capable (:func:`capkv.supports_hma`), so a non-HMA stack has
-no ``request_finished_all_groups`` at all. ``capkv check`` uses the same
-functions to name a configured stack before it is built.
-
-A stack class names its HMA variant through the :class:`HMAVariant` descriptor
-(``MultiConnector`` installs it with ``HMAMultiConnector`` as the HMA base), so
-this module needs neither class. A variant made for a subclass reports the
-subclass's module and name, and pickles as ``getattr(<subclass>, "_hma_class")``.
+``MultiConnector(...)`` decides here what its overloads decide statically, so a non-HMA stack has no
+``request_finished_all_groups`` at all; ``capkv check`` names a configured stack with the same functions.
 """
 
 from __future__ import annotations

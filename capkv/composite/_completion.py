@@ -1,18 +1,7 @@
 """Completion bookkeeping across a composite's children, on the worker side.
 
-Two field failures live here: blocks freed while a second saving child still
-read them (data corruption), and a receive reported twice (a dead engine: vLLM
-asserts the request still exists). So completions are tracked *by child*, not
-counted: :class:`SendTracker` reports a send once, after every child that
-accepted an asynchronous save of it has reported it; :class:`ReceiveTracker`
-reports a receive once per load, when every child loading a slice of it
-asynchronously has reported it; loads are numbered, so a late report for an
-earlier load counts for that load. Any other report is dropped and counted in
-:class:`DroppedReports`.
-
-A report carries a request id only: a child that repeats a report it already
-made, after the same child was handed a new load of the same request, cannot be
-told from that load's completion (a child reports each load once).
+Tracked by child, not counted: blocks freed while a second saving child still read them, and a receive
+reported twice, were field failures (docs/internals.md, "Completions").
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Calling every child even when one raises, then raising one error.
 
-A composite that stops at the first failing child leaves the later ones
-uncalled (a finished request never reported to a store, a load never started)
-and drops what the earlier ones already handed over (completions, load errors,
-planned saves). So each fan-out calls every child, keeps what the others
-returned, and then raises one :class:`~capkv.SubConnectorError` naming the
-failing children; where the others' results went is said by ``outcome``.
+A composite that stops at the first failing child leaves the later ones uncalled and drops what the earlier
+ones handed over.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The one finish routine behind ``request_finished`` and ``request_finished_all_groups``.
 
-Every child is told that the request finished, even when one raises: a child
-left untold would keep the request's hash chain and could offer its KV to a
-reused request id. The children that accepted an asynchronous save
-(``delay_free=True``) are recorded *by child* for the worker side, which holds
-``finished_sending`` back until each of them has reported. The engine learns
-whether to keep the blocks from the return value or, when something failed,
-from :attr:`capkv.FinishError.delay_free` — an engine that freed them anyway
-would free them under a running copy.
+Every child is told, even when one raises: a child left untold would keep the request's hash chain and could
+offer its KV to a reused request id.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The metadata a composite ships between its scheduler side and worker side.
 
-Children's metadata travels in child order. The composite adds what only it
-knows, in :class:`Book` entries: which children accepted an asynchronous save
-of each finished request (so the worker side holds ``finished_sending`` back
-until each of them has reported) and which children load each load, numbered
-(so a receive is reported once every asynchronous loader of that load has
-reported it, and a report is matched to a load, not merely to a request id).
-Books are numbered, so the worker side applies each one once: binding the same
-metadata twice, or a book re-sent after a failed step, changes nothing.
+Children's metadata in child order, plus numbered books of what only the composite knows, applied once each
+(docs/internals.md, "Completions").
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
 """``MultiConnector``: the typed front of a stack, whose capabilities are inferred from its children.
 
-``MultiConnector(a, b, ...)`` is HMA-capable — in its static type and at run
-time — exactly when every child is. Statically, overloads of ``__new__`` bind
-one type variable per child and pick :class:`HMAMultiConnector` when every child
-is an :class:`~capkv.HMAConnector`. At run time, ``__new__`` applies the same
-rule (:mod:`capkv.composite._building`) and builds an instance of the matching
-class, so a non-HMA stack has no ``request_finished_all_groups`` at all and
-structural checks (``hasattr``, ``isinstance(stack, SupportsHMA)``) agree with
-the types. The behaviour lives in :class:`~capkv.composite._runtime.StackRuntime`.
-
-Children typed ``Any`` are unknown, so the stack is not *proven* HMA-capable:
-pyright (and mypy with ``capkv.mypy``) types it as a plain ``MultiConnector``;
-plain mypy answers ``Any`` by its overload rules. At run time the real children
-decide, and :func:`capkv.check_stack` rejects a non-HMA stack before serving.
-
-Subclasses inherit the overloads, so their static type is the base composite's;
-at run time they get an HMA variant of their own class. A subclass that takes
-options of its own defines ``__init__(self, *children, **options)`` (and must
-not pass the children on to ``super().__init__``); the last overload accepts
-its keywords and returns the subclass, whose ``__init__`` the checkers then check.
+HMA-capable exactly when every child is, in its static type and at run time alike, so structural checks agree
+with the types (docs/internals.md, "The composite").
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """Children that take the engine's own objects: translated once per call, not once per child.
 
-A wrapped engine connector (``capkv.vllm.wrap``) translates capkv's arguments
-back into its engine's objects on every call — a call frame per child on the
-stack's hottest members. When the engine's adapter carries the engine's own
-objects inside capkv's (vLLM's ``KVCacheBlocks`` inside the block ids, vLLM's
-``KVConnectorOutput`` inside the output), the stack can hand them to such a
-child directly: one attribute read per call, and the child's own method per
-child, as the engine's own composite does (none for a child whose member is its
-engine's base no-op). A child offers this through a
-``native_calls`` attribute (:class:`NativeCalls`); the stack uses it only where
-the translation is nothing more than unwrapping (a child loading nothing, an
-output), and only when every child of the stack offers it (not through dev
-mode's checking proxies, which must see every call).
-
-Unwrapping the output is the adapter's (``pass_output``): it knows its engine's
-attribute names, so it reads and sets them as plain attributes, where the stack,
-knowing only names, would pay a ``getattr``/``setattr`` per child on every call.
-The blocks need one ``getattr`` per call and nothing set: the stack reads them.
+Translating capkv's arguments back per child costs a call frame on the stack's hottest members
+(docs/internals.md, "Native calls").
 """
 
 from __future__ import annotations

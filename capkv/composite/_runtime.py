@@ -1,9 +1,6 @@
 """How each member of the connector contract reaches a stack's children.
 
-:class:`StackRuntime` is the behaviour behind :class:`~capkv.MultiConnector`
-(whose own module holds only its typed construction): the scheduler-side and
-worker-side members over the shared state. Every fan-out calls every child,
-even when one raises, and then raises one error (:mod:`capkv.composite._fanout`).
+The behaviour behind :class:`~capkv.MultiConnector`, whose own module holds only its typed construction.
 """
 
 from __future__ import annotations

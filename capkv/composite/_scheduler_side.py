@@ -1,8 +1,6 @@
 """The scheduler side of a stack: hits, allocations, metadata, outputs, finishes.
 
-The per-request members (``get_num_new_matched_tokens``, ``update_state_after_alloc``,
-finishes) and the per-step ones (``build_connector_meta``, ``update_connector_output``)
-are hot paths: they allocate nothing in the common case beyond what they return.
+Its members are hot paths: they allocate nothing in the common case beyond what they return.
 """
 
 from __future__ import annotations

@@ -1,33 +1,7 @@
 """Which loads the engine has not heard the end of, on the scheduler side: their blocks are never saved.
 
-A request's blocks from a load's first token on hold what that load put there
-only once it completed; until then they hold whatever the engine's pool had
-(an aborted or preempted request, a failed or partial load, a request the
-engine failed in the very step its load failed). So the stack keeps every load
-*unsettled* until the engine has heard its outcome, and a request that finishes
-with an unsettled load hands its children the null block from that load's
-first token on: no tier saves (or promotes, or later offers as a hit) a block
-that was never filled. Once settled, a failed load's blocks are the engine's
-to recompute (it rolled the request back), and saves follow what the request
-computed.
-
-A load settles:
-
-- asynchronous (any slice): when the engine's ``finished_recving`` carries its
-  request (the stack reports loads of one id in order, so the oldest pending
-  load of that id is the one reported). A load of a request that finished meanwhile
-  stays here until then, so that a reused request id's report is not taken for
-  the new load's.
-- synchronous: when the engine hands over the output of the step that ran it.
-  The stack counts outputs against the metadata it built: the n-th
-  ``update_connector_output`` is the output of step n or a later one (an engine
-  may skip empty outputs, never reorder them), so a load shipped in step n is
-  settled once n outputs came back. A skipped output settles later, never
-  earlier: the error is a lost save, never a wrong block.
-
-Without a bound :class:`~capkv.KVSpec` (see :func:`capkv.check_stack`) the stack
-cannot tell which of a group's blocks a token falls in: a request with an
-unsettled load then hands its children no blocks at all.
+Until a load completes its blocks hold whatever the pool had, so no tier may save, promote or offer them
+(docs/internals.md, "Settling loads").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """A stack's state and the helpers every member uses: children, names, bookkeeping, copies.
 
-:class:`StackState` holds what both sides of a stack keep (the scheduler side's
-load choices and books, the worker side's trackers and held-over results) and
-the shared ways of calling children and reporting their failures; the members
-themselves live in :mod:`~capkv.composite._scheduler_side` and
-:mod:`~capkv.composite._worker_side`.
+What both sides keep, and one way of calling children and reporting their failures.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The worker side of a stack: binding metadata, loads and saves, completions, reports.
 
-Completions are tracked by child (:mod:`~capkv.composite._completion`); what
-the other children handed over when one raised is held and returned by the
-next call.
+What other children handed over when one raised is held and returned by the next call, never lost.
 """
 
 from __future__ import annotations
