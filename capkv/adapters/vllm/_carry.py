@@ -1,10 +1,7 @@
 """vLLM's own objects, carried through a capkv stack to the vLLM children that want them.
 
-A host translating vLLM's calls for a capkv stack hands the stack capkv's types
-(block ids per group, capkv's ``KVConnectorOutput``). A wrapped vLLM child needs
-vLLM's again — and the engine's originals carry what ids cannot (block hashes,
-the null flag, statistics, events). These capkv-typed objects carry them along,
-so the child passes the originals on instead of rebuilding them.
+The engine's originals carry what capkv's types cannot (block hashes, the null flag, statistics, events), so a
+wrapped child passes them on instead of rebuilding them.
 """
 
 from __future__ import annotations

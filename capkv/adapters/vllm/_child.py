@@ -1,9 +1,7 @@
 """vLLM's own connectors as capkv children: :func:`wrap`.
 
-A vLLM connector fails capkv's contract on six members (the block type, vLLM's
-output class, two class-level calls with arguments, the handshake dict, the flat
-load-error set); the wrapper translates each. It is HMA-capable exactly when vLLM's
-rule says so (:func:`is_hma_vllm_connector`), statically too (:func:`wrap`'s overloads).
+A vLLM connector fails capkv's contract on six members; the wrapper translates each, and is HMA-capable
+exactly when vLLM's rule says so, statically too.
 """
 
 from __future__ import annotations

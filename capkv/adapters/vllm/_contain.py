@@ -1,12 +1,7 @@
 """A hosted stack's failure ends the requests it concerns, never vLLM's engine.
 
-Inside vLLM an exception out of a connector call ends the engine — every request,
-not the one a child failed on. The host calls its stack through these guards: the
-exception is logged (with its traceback, once per method and exception type),
-counted, and turned into what vLLM can act on — a failed load goes down vLLM's
-load-failure channel (its ``kv_load_failure_policy`` then fails or recomputes the
-request), a failed lookup is a miss, a failed finish keeps the blocks exactly as
-long as the stack says (:class:`~capkv.FinishError`'s ``delay_free``).
+Inside vLLM an exception out of a connector call ends the engine — every request, not the one a child failed
+on — so the host calls its stack through these guards.
 """
 
 from __future__ import annotations

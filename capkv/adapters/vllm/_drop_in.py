@@ -1,20 +1,7 @@
 """``capkv.vllm.MultiConnector``: vLLM's ``MultiConnector`` configuration, served by capkv's composite.
 
-A vLLM operator switches by adding one line to the ``kv_transfer_config`` —
-``kv_connector_module_path = "capkv.vllm"`` — and changes nothing else: the same
-``kv_connector = "MultiConnector"``, the same ``connectors`` list, the same children
-built the way vLLM builds them. vLLM still decides its hybrid allocator (HMA) at
-configuration time by asking the children (its rule for the literal name
-``"MultiConnector"``); capkv names the child that turned it off, once, and
-:class:`~capkv.vllm.CapkvHMAConnector` remains the way to *require* HMA. Behind
-the configuration is capkv's :class:`~capkv.MultiConnector` with everything the
-host adds (:mod:`._host`): failures that end requests rather than the engine,
-completions tracked per child, checks instead of ``assert``.
-
-vLLM's composite exposes its children as ``sub_connectors`` (and the private
-``_connectors``, which tests and tools read and even replace); both are here,
-as vLLM's own objects. A ``kv_connector_extra_config.stack`` (capkv's shape) is
-read as well.
+An operator switches by adding one line (``kv_connector_module_path = "capkv.vllm"``) and changes nothing else
+(docs/vllm.md, "The drop-in").
 """
 
 from __future__ import annotations

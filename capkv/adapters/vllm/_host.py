@@ -1,31 +1,7 @@
 """vLLM hosts a capkv stack: ``CapkvConnector`` and ``CapkvHMAConnector``.
 
-vLLM builds its connector as ``cls(vllm_config, role, kv_cache_config)``, once
-per role. The host reads the stack from ``kv_connector_extra_config["stack"]``
-(the shape ``capkv check`` reads), refuses what it cannot serve *before building
-anything*, builds the stack for its role over the engine's :class:`~capkv.KVSpec`,
-checks it, and puts it under dev-mode contracts (:func:`capkv.devmode.instrument`:
-the very same object in production). It asks the built children nothing vLLM
-would not ask them: vLLM's own calls (the finished count, the handshake) reach
-them when vLLM makes them.
-
-Every member vLLM calls is translated: ``KVCacheBlocks`` → one list of block ids
-per group (vLLM's blocks carried along for wrapped vLLM children); vLLM's
-``KVConnectorOutput`` → capkv's; load failures → vLLM's channel for the group
-count (:mod:`._loads`); metadata, worker metadata, handshakes and statistics in
-vLLM's types; the class-level members vLLM calls with arguments answer from the
-configured classes (:mod:`._host_class`); the worker side, sleep mode included, is
-:mod:`._host_worker`, statistics :mod:`._host_stats`; vLLM's members capkv's contract
-has no counterpart for go to vLLM's connectors in the stack (:mod:`._vllm_calls`), and
-a member of a newer vLLM that capkv does not know yet gets :mod:`._members`' rule. Finishing goes through
-:func:`capkv.finish_request`, never truncating to group 0. During serving a
-child's exception ends the requests it concerns, never the engine (:mod:`._contain`).
-
-vLLM decides its hybrid allocator from the host *class* (``issubclass`` of its
-``SupportsHMA``), so there are two: ``CapkvHMAConnector`` is one and takes only
-an HMA-capable stack (a :class:`~capkv.CapabilityError` naming each non-HMA
-child, at construction — never an ``assert``); ``CapkvConnector`` is not, so
-vLLM turns HMA off (one group) and any stack serves.
+Two classes because vLLM decides its hybrid allocator from the host *class*; each refuses what it cannot serve
+before building anything (what it translates: docs/vllm.md and docs/internals.md, "The vLLM adapter").
 """
 
 from __future__ import annotations

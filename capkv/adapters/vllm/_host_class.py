@@ -1,11 +1,7 @@
 """A host's class-level members: what vLLM asks the connector *class* before building it.
 
-vLLM asks its connector class for the KV-cache layout, piecewise CUDA graphs, sleep
-mode (0.33), Prometheus metrics and statistics rebuilt from another process, with
-vLLM's configuration as arguments. The host answers from the configured stack's
-classes, nothing built: vLLM's own classes by their own classmethods with their own
-child configuration (as vLLM's ``MultiConnector`` asks them), capkv's by class-level
-facts, combined by the rows of :mod:`capkv.capabilities._table`.
+Answered from the configured stack's classes, nothing built, combined by the rows of
+:mod:`capkv.capabilities._table`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """What a host holds: the state its members share, declared once for each of them (:mod:`._host`).
 
-The host's members live by side — class level (:mod:`._host_class`), worker side
-(:mod:`._host_worker`), statistics (:mod:`._host_stats`), scheduler side and
-construction (:mod:`._host`) — and all of them read the state bound here when the
-stack is bound (``CapkvConnector._bind_stack``).
+The host's members live by side in several modules; all read the state bound here with the stack.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A host's statistics: the children's in vLLM's composite shape, the host's own counters, and totals.
 
-vLLM collects a connector's statistics on each side and ships the workers' to the
-scheduler (:mod:`._stats` has their types). The host adds what it counts itself —
-contained failures, load errors reported too late to use — and keeps every counter
-it has seen since it was built (``stats_since_start``), its own stack's and, on the
-scheduler side, the workers' too.
+The host adds what it counts itself (contained failures, late load errors) and keeps every counter since it
+was built.
 """
 
 from __future__ import annotations

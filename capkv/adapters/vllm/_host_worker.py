@@ -1,13 +1,7 @@
 """A host's worker side: vLLM's worker calls, translated for the stack, its failures contained.
 
-Loads the host made asynchronous are waited for in ``start_load_kv``; finished
-sets, failed receives and flat load errors are settled by the load tracker
-(:mod:`._loads`); the handshake carries what capkv's children report once the KV
-cache is registered. Sleep mode (vLLM 0.33): ``unregister_kv_caches`` reaches
-every vLLM connector in the stack and every capkv child that holds views of the
-KV cache (one that defines ``unregister_kv_caches``: it finishes its copies and
-drops them); ``restore_kv_caches`` reaches the same vLLM connectors, and registers
-the same KV cache again with those capkv children. vLLM 0.32 never calls either.
+Sleep mode (vLLM 0.33) included: the KV cache's views are dropped and registered again where children hold
+them.
 """
 
 from __future__ import annotations

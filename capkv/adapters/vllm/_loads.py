@@ -1,33 +1,7 @@
 """Loads through a hosted stack, as vLLM needs them reported: every failure ends or recomputes a request.
 
-vLLM takes two channels for a failed load. With one KV-cache group, a flat set of
-block ids (``get_block_ids_with_load_errors``): the scheduler recomputes from the
-first failed block, or fails the request. With several groups a flat id is
-ambiguous, and vLLM 0.32 refuses it (a ``RuntimeError`` that ends the engine):
-failures must name *requests*, in ``KVConnectorTransferResults.failed_recving``,
-and vLLM honours that only for a load it was told is asynchronous, reported in
-``finished_recving`` in the same pass.
-
-So with several groups the host tells vLLM that every load is asynchronous. A
-load the stack runs synchronously still runs in the step its metadata is bound
-(before vLLM's next forward reads the blocks); the host reports it finished in
-that step itself — failed when any of its blocks failed — and keeps such a
-request out of the stack's own ``finished_recving``, which it never expected.
-The cost is one engine step before the request computes.
-
-Both sides keep their own books, as vLLM runs them in different processes:
-
-- :class:`LoadPlanner` (scheduler side) records each planned load, ships it in
-  the step's metadata, and learns from the workers which loads landed or failed.
-  A request whose load failed is never offered a load again (vLLM recomputes it;
-  a store that keeps failing would otherwise loop). A request that finishes
-  before its load is confirmed (vLLM fails a request in the very step its load
-  failed, before the connector hears of it) hands the stack its blocks from the
-  load on as the null block: nothing it never received is saved.
-- :class:`LoadTracker` (worker side) attributes the stack's per-group load errors
-  to requests through the planned loads' block tables, and reports each failure
-  on vLLM's channel for the group count. An error no load in flight holds (a
-  request aborted meanwhile, a block reused) is dropped and counted, never raised.
+With several KV-cache groups vLLM takes failures only per request, for loads it was told are asynchronous, so
+every load is reported that way (docs/internals.md, "Loads in vLLM").
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """The members of vLLM's connector base class capkv knows, per release, and the rule for any other.
 
-vLLM adds members with a default to ``KVConnectorBase_V1`` in most releases. A
-host (or the drop-in) that refused an unknown member would stop importing on the
-next release; one that took the base default in silence could drop a call its
-vLLM children need. So :func:`complete` gives a member capkv does not know yet —
-a public member that only the base class defines — one documented default rule,
-and logs one warning naming every such member (docs/vllm.md, "New vLLM members"):
-
-- an instance method is forwarded to every vLLM connector in the stack that has
-  it (each is called, in stack order); it answers what the first of them answered,
-  or, with no vLLM child, what the base default answers;
-- a classmethod, staticmethod, property or attribute is the base default.
-
-Known members are those of :data:`VLLM_MEMBERS` (every release capkv supports);
-``tests/vllm/test_members.py`` fails, naming them, on a vLLM with members outside
-it, which is how capkv learns of them: the rule is the fallback, not the plan.
+vLLM adds members in most releases: refusing an unknown one would break the next release, ignoring it could
+drop a call vLLM's children need (docs/vllm.md, "New vLLM members").
 """
 
 from __future__ import annotations

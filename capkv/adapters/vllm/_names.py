@@ -1,9 +1,7 @@
 """vLLM's own connector names, for capkv's registry (vLLM is imported only to answer).
 
-capkv's registry asks here for a name it does not know, so a stack may name
-``"ExampleConnector"`` or ``"OffloadingConnector"`` as vLLM's configuration does.
-Without vLLM installed every name is unknown, and the registry's error says how to
-install it (:data:`HINT`).
+So a stack may name ``"OffloadingConnector"`` as vLLM's configuration does; without vLLM the registry's error
+says how to install it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """vLLM's ``Request`` as capkv's stores key it: the inputs besides its tokens that change its KV.
 
-vLLM's prefix cache keeps requests apart by its cache salt, LoRA adapter,
-multimodal items and prompt embeddings (``generate_block_hash_extra_keys``);
-capkv's stores key blocks by the same inputs (:class:`~capkv.KeyInputs`), read
-here from vLLM's request — not from its ``block_hashes``, whose values depend on
-the engine's hash settings (a random seed per process for ``xxhash`` unless
-``PYTHONHASHSEED`` is set) and hash block size. The host registers the reader
-for vLLM's ``Request`` (:func:`read_vllm_requests`); capkv's core never imports vLLM.
+Read from the request, not from its ``block_hashes``, whose values depend on the engine's hash settings and
+block size; capkv's core never imports vLLM.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""The engine's KV cache as capkv sees it: a :class:`~capkv.KVSpec` from vLLM's ``KVCacheConfig``, and the worker's shard.
+"""The engine's KV cache as capkv sees it: a :class:`~capkv.KVSpec` from vLLM's ``KVCacheConfig``, and the
+worker's shard.
 
-Both roles need the same spec — capkv's stores key blocks by each group's
-layout, so the scheduler side (which never sees a tensor) must know the shapes
-the worker side will register. vLLM 0.32 views every layer's paged KV as
-``[blocks, heads, states, content bytes]`` (blocks in dimension 0) and says so
-through ``compute_layer_kv_cache_shape_bytes``; the spec takes that view, in
-elements of the group's dtype, and the worker side checks every registered
-tensor against it before the stack sees one.
-
-Under tensor or pipeline parallelism each worker holds one shard of the KV
-cache (its KV heads, its layers): the spec says which (:class:`~capkv.KVShard`,
-from vLLM's parallel config and, on a worker, its ranks), so capkv's stores key
-each rank's bytes apart and offer a block once every rank stored its part. The
-scheduler side has no shard of its own: it gets the sizes, rank 0.
+Both roles need the same spec: the scheduler side never sees a tensor, yet stores key blocks by each group's
+layout.
 """
 
 from __future__ import annotations

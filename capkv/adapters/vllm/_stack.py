@@ -1,17 +1,7 @@
 """The hosted stack: read from the host's extra config, built for one role, and its class-level facts.
 
-A stack names connectors as ``capkv check`` reads them (capkv's registry, entry
-points, ``module:Class`` paths, and vLLM's own connector names, so
-``{"kv_connector": "ExampleConnector"}`` means vLLM's). Each leaf is built the way
-its kind expects:
-
-- a vLLM connector class: ``cls(vllm_config, role, kv_cache_config)``, with a copy of
-  the engine's config whose ``kv_transfer_config`` is the child's own entry (as
-  vLLM's MultiConnector builds it: every key of the entry, the host's ``engine_id``
-  unless the entry has one), then wrapped as a capkv child;
-- a capkv connector whose constructor's first parameter is a :class:`~capkv.KVSpec`
-  (capkv's stores): ``cls(spec, **extra_config)`` with the engine's spec;
-- anything else: :func:`capkv.config.build_connector` (``from_extra_config`` or ``cls(**extra)``).
+Names resolve as ``capkv check`` reads them, vLLM's own connector names included; each leaf is built the way
+its kind expects.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """A hosted stack's statistics in vLLM's own types, so vLLM's stat loggers and Prometheus see every child.
 
-vLLM's composite reports a :class:`MultiKVConnectorStats` keyed by each child's
-class name, every value the child's own ``KVConnectorStats`` (a ``NixlKVConnectorStats``
-stays one: its ``reduce`` is what vLLM logs). The host reports the same shape: a
-vLLM child's statistics pass as they are; a capkv child's counters (a mapping of
-numbers) travel as :class:`CapkvStats`, whose ``reduce`` is every counter; the host's
-own counters (contained failures, dropped late reports) under ``"capkv"``.
-
-Across processes vLLM ships ``to_dict()`` and rebuilds with the connector class's
-``build_kv_connector_stats`` — :func:`rebuild_stats` here: capkv's counters and a
-nested host's statistics by the mark their ``to_dict`` carries (a capkv connector's
-class name may be one vLLM registers too: ``MultiConnector``), vLLM's registered
-connectors by their own class, an unknown name refused as vLLM refuses it (a
-``ValueError``). Prometheus: vLLM children's own
-metrics (``build_prom_metrics``, per class as vLLM builds them) and one counter for
-every capkv counter, labelled by connector and counter.
+The same shape vLLM's composite reports, rebuilt across processes as vLLM rebuilds its own.
 """
 
 from __future__ import annotations

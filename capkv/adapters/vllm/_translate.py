@@ -1,11 +1,6 @@
 """What crosses the line between vLLM and a hosted capkv stack, translated both ways.
 
-vLLM ships objects of its own classes between the scheduler and the workers
-(metadata, worker metadata, statistics) and reads some of them by type; capkv's
-are plain objects. Each capkv object travels inside a thin vLLM-typed envelope
-and is unwrapped on the other side. Load errors travel per KV-cache group in the
-workers' report (:class:`HostWorkerMetadata`), with which loads landed or failed;
-vLLM's own channels for them are :mod:`capkv.adapters.vllm._loads`'s business.
+vLLM reads some of what it ships by type, so each capkv object travels inside a thin vLLM-typed envelope.
 """
 
 from __future__ import annotations

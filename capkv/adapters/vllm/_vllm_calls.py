@@ -1,12 +1,7 @@
 """vLLM's members that capkv's contract has no counterpart for, forwarded as vLLM's MultiConnector does.
 
-capkv's stores neither hold vLLM's block pool nor push KV to peers, so these
-members concern vLLM's own connectors in the stack (wrapped anywhere in it). Each
-is forwarded to every one of them with vLLM's composite's semantics — capabilities by
-their row of :mod:`capkv.capabilities._table` (``requires_kv_delivery``: any child;
-``supports_divergent_local_hybrid_hits``: every child, which a capkv store is not: it
-never restores recurrent state), ``any`` for pending frees, and the member of the
-child serving a request for per-request answers (loaded groups, hit sources).
+capkv's stores neither hold vLLM's block pool nor push KV to peers, so these concern vLLM's own connectors in
+the stack.
 """
 
 from __future__ import annotations
