@@ -1,15 +1,7 @@
 """Stores: the shared layer under capkv's stores, and the contract a backend implements.
 
-A *backend* keeps values by key and says only what it is sure of
-(:class:`Backend`: batched ``contains``/``get``/``put``/``delete``; optionally
-:class:`ReadsInto`, reading into the store's buffers, and :class:`PinningBackend`,
-holding what a lookup offered until it is loaded);
-:class:`StoreConnector` puts one under a complete, HMA-capable connector: keys
-that name everything that determines a block's bytes (:class:`StoreKey`),
-self-checking values, saves as blocks fill, pins, a background writer, and the
-reports its two sides exchange. capkv's host pool, file store and Redis store
-are backends under it; :class:`MemoryBackend` is the smallest one, for tests.
-See "Writing a backend" in ``docs/writing-a-connector.md``.
+A backend only keeps bytes by key; :class:`StoreConnector` does everything else (keys, checked values, saves
+as blocks fill, pins, a background writer). Open ``_connector.py`` first; the guide's § 16 writes a backend.
 """
 
 from typing import TYPE_CHECKING

@@ -1,31 +1,7 @@
 """The backend contract: what a store needs of the place its blocks live.
 
-A backend is a key-value store of opaque values, asked in batches. capkv's
-shared store layer (:class:`~capkv.stores.StoreConnector`) does everything
-else: it names blocks (:class:`StoreKey`), frames each block's bytes as a
-self-checking value (:mod:`capkv.stores._value`) and checks every value it
-gets back, plans loads and saves per engine step, pins blocks a load will read,
-writes in the background and reports what landed. So a backend only stores and
-returns bytes — and says only what it is sure of:
-
-- ``contains``: ``True`` only for a value it holds whole; unsure (a server that
-  did not answer, a value of the wrong length) is ``False``, a miss;
-- ``get``: the value exactly as it was put, or ``None``;
-- ``put``: ``True`` only for a value that is now stored; a full, failed or
-  unsure store answers ``False`` (the block is saved again later);
-- ``delete``: forget the values (a value found damaged is deleted this way).
-
-Errors a backend *raises* are not misses: the shared layer fails the batch
-(each block once: a load error or a failed save) and raises them from
-``flush``/``close``. Calls come from up to three threads — the engine's
-(``contains``, ``get``, ``delete``), the store's writer (``put``, ``delete``)
-and, for a slow backend, the store's reader (``get``) — so a backend must be
-safe to call from all of them.
-
-A backend whose reads take long (a disk, a network) says so with a class or
-instance attribute ``slow = True`` (:func:`reads_slowly`): the store then
-answers its hits with ``load_async=True`` and reads them on its reader thread,
-so the engine's steps go on while the bytes arrive.
+A backend only stores and returns bytes, and says only what it is sure of; the shared layer does everything
+else (guide § 16; docs/internals.md, "Stores").
 """
 
 from __future__ import annotations

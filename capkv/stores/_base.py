@@ -1,30 +1,7 @@
 """The shared connector of capkv's prefix-keyed stores (host pool, files).
 
-One object plays both sides, as vLLM builds a connector once per role: the
-scheduler-side members delegate to a :class:`StoreScheduler`, the worker-side
-members to a :class:`StoreWorker`, and the two meet only in the
-:class:`StoreMetadata` the engine carries between them.
-
-Flow, per engine step: ``get_num_new_matched_tokens`` offers the longest
-prefix every group can load; ``update_state_after_alloc`` plans the load into
-the allocated blocks; ``build_connector_meta`` ships the plan, and plans the
-saves of every block the step will fill (read from the scheduler output, see
-:mod:`capkv.stores._step`); ``start_load_kv`` loads (synchronously on CPU,
-stream-ordered on CUDA; a slow backend's loads go to the reader thread instead,
-answered ``load_async=True`` and reported in ``get_finished``, see
-:mod:`capkv.stores._reader`) and starts saves planned by ``request_finished_all_groups``; ``wait_for_save``
-starts the saves of the blocks the forward pass just filled (the engine's
-stream is ordered after those copies, so it may free and reuse the blocks);
-``get_finished`` reports a finished request once its saves completed, after
-which the engine frees its blocks; ``build_connector_worker_meta`` reports
-which saves landed in the store (or failed), and ``update_connector_output``
-hands that to the scheduler side.
-
-The seam for a new store (the host pool, files, Redis): a
-:class:`~capkv.stores._scheduler.StoreIndex` (what the scheduler side knows
-of the store's contents) and a :class:`~capkv.stores._worker.StoreWorker`
-subclass (how one :class:`BlockMove` is loaded and saved); both kinds of save
-arrive through the same ``StoreWorker._save``.
+One object plays both sides, as vLLM builds a connector once per role; the sides meet only in the metadata
+(the per-step flow: docs/internals.md, "Stores").
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
 """The one checksum every stored value carries: computed when it is sealed, checked when it is read.
 
-Every backend's values go through :func:`payload_checksums` (one block:
-:func:`checksum`), so changing the checksum is a change here and nowhere else.
-It is 16 bytes wide in the value header (:mod:`capkv.stores._value`).
-
-It is XXH3-128 (the ``xxhash`` library). Storage damages bytes in patterns a
-position-weighted sum cannot promise to see (two flipped top bits cancel in a
-sum mod 2**64: a fresh engine loaded such a block) and a CRC-32 lets one random
-corruption in 4 billion through; XXH3-128 lets any change — flipped bits, a
-torn or shifted sector, words moved or zeroed — through with probability about
-2**-128, faster than a plain ``memcpy`` of the same bytes, in C, releasing the
-GIL (``python -m benchmarks.integrity`` measures it against memcpy and CRC32C).
-Not a defence against an adversary who can write the store: nothing short of a
-keyed MAC is.
-
-The checksum is *bound* to the value's identity (:func:`block_identity`: its
-block key and layout): the identity's own 64-bit hash seeds the payload's hash,
-so a payload that arrives intact with its checksum under another key's header —
-records spliced, moved or swapped — fails too.
-
-The shared store layer checks every backend's values, the host pool's too:
-there the threat is not storage (RAM has ECC) but bookkeeping — a slot handed to
-another key, a value overwritten while still indexed — which the key binding
-catches, for about half a memcpy's time per block.
+XXH3-128 bound to the value's key and layout, so damaged bytes and values spliced under another key both fail
+(why this one: docs/internals.md, "The checksum").
 """
 
 from __future__ import annotations

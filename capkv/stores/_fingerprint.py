@@ -1,10 +1,7 @@
 """A registered KV cache's layout fingerprint: what fixes the meaning of a stored block's bytes.
 
-Two engines share a stored value only when its bytes mean the same to both: the
-same dtype, the same runs of the same sizes in the same order, the same shard of
-the model's KV cache, the same value format. The fingerprint folds all of it into
-:data:`~capkv.stores._value.LAYOUT_SIZE` bytes, part of every key
-(``StoreKey.layout``) and of every value's header.
+Two engines share a stored value only when its bytes mean the same to both; the fingerprint says so in
+:data:`~capkv.stores._value.LAYOUT_SIZE` bytes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """A save's gather on CPU with its checksums computed while the rows are still in the CPU's cache.
 
-Inline saves (a writer with no threads of its own: the host pool on CPU) pay for
-the checksum in the step anyway; computing it per chunk, right after the chunk's
-copy, reads bytes that are still hot instead of passing over all of them again.
+An inline save pays for the checksum in the step anyway; computing it per chunk reads bytes that are still
+hot.
 """
 
 from __future__ import annotations

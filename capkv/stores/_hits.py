@@ -1,13 +1,7 @@
 """Which blocks a prefix hit needs, group by group, and the longest hit available.
 
-A request that resumes at token ``end`` with tokens before ``start`` already
-in the engine needs, in a full-attention group, every block from the one
-holding token ``start`` up to ``end``; in a sliding-window group only those
-that overlap the window ending at ``end`` — the engine holds the null block
-in place of the others (as vLLM's sliding-window manager does: a block is
-dropped once all its tokens are more than ``window - 1`` behind). A hit
-counts only when *every* group has every block it needs: loading some groups
-and not others would hand the model a cache that never existed.
+A hit counts only when *every* group has every block it needs: loading some groups and not others would hand
+the model a cache that never existed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The bytes of host tensors as memoryviews, without copying: what backends read into and checksums run over.
 
-A memoryview made from a tensor's address does not keep the tensor alive:
-whoever holds the view holds the tensor too.
+A memoryview made from a tensor's address does not keep the tensor alive: whoever holds the view holds the
+tensor too.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """The scheduler side's view of a shared backend: which blocks every shard can load.
 
-A backend that other processes and engines share (a directory, Redis) is the
-truth about its contents, so this index asks it — in batches: the scheduler
-names the keys it is about to ask about (:meth:`BackendIndex.lookup`, one
-``contains`` for all of them) and the answers hold until the step's metadata is
-built (:meth:`BackendIndex.forget`). A block is loadable only when the value of
-*every* shard of the KV cache is there (tensor- and pipeline-parallel workers
-each store their own): the scheduler side knows how many shards there are from
-the spec, and each shard's memory layout from its worker's reports
-(``SaveReport.layout``); until it knows every shard's layout, nothing is
-loadable. Saves planned here and not yet reported over are *pending*: held
-(not planned again); they are loadable once the backend holds them.
-
-A backend that raises on ``contains`` answers nothing: its keys are misses
-(counted in ``unanswered``; the first error is logged).
+A backend other processes share is the truth about its contents, so this index asks it, in batches.
 """
 
 from __future__ import annotations

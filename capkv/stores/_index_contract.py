@@ -1,11 +1,7 @@
 """What a store's scheduler side asks of its index: the contract, and the optional capabilities.
 
-:class:`StoreIndex` is all a store needs (loadable, held, pins, reservations);
-an index says more by implementing one of the others — it answers in batches
-(a remote store), keeps prefix chains whole when it evicts (the host pool),
-depends on the engine's memory layout, must hear of values found lost, or
-decides what its store evicts. The scheduler side
-(:mod:`capkv.stores._scheduler`) checks for each at run time.
+An index says more than :class:`StoreIndex` by implementing one of the others; the scheduler side checks for
+each at run time.
 """
 
 from __future__ import annotations

@@ -1,66 +1,7 @@
 """What a stored block's key names: everything that determines its bytes, and nothing else.
 
-A block is stored under a :class:`~capkv.stores.StoreKey` made of
-
-1. the **namespace** (caller-chosen: name the model there) and the **model
-   layout** of the block's group — its index, block size, layer names,
-   per-layer block shape and dtype — folded into the group's root digest;
-2. the **token prefix**: block ``i`` of a group is the digest of its tokens
-   chained onto the digest of block ``i - 1``, so a key names the whole prefix
-   up to the block's end (each group chains with its own block size);
-3. the request's **inputs besides its tokens** that change KV
-   (:class:`~capkv.KeyInputs`, following vLLM's rule for its own block
-   hashes): the cache salt and the adapter are folded into the request's root
-   (so they reach every block, as vLLM's first-block salt does), each block
-   folds in the multimodal items it overlaps (their content hash and offset
-   from the block's start) and the digest of the prompt embeddings at its
-   positions — together (1)-(3) are the :class:`BlockKey` the scheduler side
-   plans with: ``(group, digest)``;
-4. the **memory layout and shard** of the bytes (the worker's fingerprint:
-   dtype, the order and sizes of a block's runs in the registered KV cache,
-   and its tensor- and pipeline-parallel rank and size,
-   :func:`~capkv.stores._fingerprint.layout_fingerprints`): ``StoreKey.layout``.
-   Each worker stores and loads its own shard's values only, and the
-   scheduler side offers a block only when every shard's value is there.
-
-Two requests share a key exactly when all of these agree — and only then, by
-construction: every digest is BLAKE2b (:mod:`hashlib`) of one structure in one
-encoding, :func:`frame`, in which every variable-length part carries its length,
-so no two different structures are the same bytes (no split point moves bytes
-from one part to the next: positions ``(b"ab", b"c")`` are not ``(b"a", b"bc")``).
-The encoding, a value at a time:
-
-- ``None``: ``N``;
-- an ``int`` (a token id, a size, an offset: signed 64-bit): ``I`` + 8 bytes, little-endian;
-- a ``str``: ``S`` + its UTF-8 length (8 bytes, little-endian) + its UTF-8 bytes;
-- ``bytes``: ``B`` + its length (8 bytes) + the bytes;
-- a ``tuple`` or ``list``: ``T`` + its item count (8 bytes) + each item's encoding.
-
-Every encoding says where it ends, so a sequence of them reads back one way
-only: the encoding is injective. The digests it frames:
-
-- a group's root: ``("capkv.prefix.v2", namespace, group, block size, layer
-  names, per-layer block shape, dtype)``;
-- a request's root: ``("capkv.request", group root, cache salt, adapter)``
-  (``None`` for an absent or empty salt, and for no adapter);
-- block ``i``: ``("capkv.block", digest of block i - 1 (block 0: the request's
-  root), the block's token ids (packed as signed 64-bit, one ``bytes``),
-  ((identifier, offset from the block's start, length) of each multimodal item
-  it overlaps, ...), (the prompt-embedding digest of each of its positions that
-  has one, ...))``;
-- the layout fingerprint (:func:`~capkv.stores._fingerprint.layout_fingerprints`):
-  ``("capkv.layout.v3", value format version, dtype, per layer (run bytes,
-  inner dims, outer dims), (tp rank, tp size, pp rank, pp size))`` — the value
-  format version (:data:`~capkv.stores._value.FORMAT_VERSION`) is in it, so a
-  value of another format is another key, never offered to this one.
-
-:class:`~capkv.stores.StoreKey` names join fixed-width hex fields and the
-group number with separators (``<layout>-g<group>-<digest>``), injective too.
-The same key in every process and on every machine — unlike ``hash()``, or
-vLLM's own ``request.block_hashes``, which depend on the engine's hash settings
-(``prefix_caching_hash_algo``; a random per-process seed for the ``xxhash`` ones
-unless ``PYTHONHASHSEED`` is set) and on its hash block size, so capkv derives
-its keys from the same *inputs* instead.
+Two requests share a key exactly when all of it agrees, by construction (the key's parts and its injective
+encoding: docs/internals.md, "What a key names").
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
 """A step's loads, chunk by chunk: read into reused host rows, check while hot, scatter.
 
-Every backend's loads take this one path. The step's blocks are cut into
-chunks of one group (about :data:`~capkv.stores._staging.DEFAULT_CHUNK_BYTES`
-each, across requests); each chunk is read into a slot of the
-:class:`~capkv.stores._staging.StagingRing` — by the backend itself when it
-:class:`~capkv.stores._backend.ReadsInto` buffers (one ``get_into`` per chunk),
-else copied from the values of one ``get`` for the whole step (one round trip)
-— then every value in it is checked (:func:`~capkv.stores._value.check_memory`:
-key, layout, length, checksum) while its bytes are still in the CPU's cache,
-and only the values that pass are scattered into the KV cache, in one batched
-copy per chunk. So a load passes over the bytes in memory as often as a plain
-read does, and a damaged value never reaches the KV cache as KV: a backend that
-:class:`~capkv.stores._backend.ReadsIntoParts` (the file store) on a CPU KV cache
-reads each payload straight into the engine's block and the check runs there — one
-copy and one backend call per load — and a value failing it is a load error like any other (the engine
-recomputes the block or fails the request: it never computes on it). A backend that only gets values (Redis)
-on a CPU KV cache has each value checked where the backend returned it and only a value that passes copied
-into its block, run by run: one copy there too, and the staging rows are for the other cases.
+Every backend's loads take this one path, so a damaged value never reaches the KV cache as KV, and a load
+passes over the bytes as often as a plain read (docs/internals.md, "Loads").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """What a store connector's two sides tell each other each step.
 
-The scheduler side sends :class:`StoreMetadata` (the step's loads and saves);
-the worker side answers with a :class:`SaveReport` (which saves ended, and
-how) as its worker metadata. Plain frozen data, so it would cross a process
-boundary as it is: the two sides share nothing else.
+Plain frozen data, so it would cross a process boundary as it is: the two sides share nothing else.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """Loads off the engine's step: a slow backend's reads run on the store's reader thread.
 
-A backend that declares its reads slow (``slow = True``: files, Redis) would
-stall every request of a batch for the length of one request's read if it were
-loaded in ``start_load_kv``. So its hits are answered ``load_async=True``: the
-engine parks those requests (vLLM's ``WAITING_FOR_REMOTE_KVS``) and runs its
-steps on; the step's loads go to one reader thread, which reads, checks and
-scatters them through the same path as a synchronous load
-(:func:`~capkv.stores._loading.load_chunks`, with staging rows of its own), and
-waits for its scatters. The engine's blocks being written belong to parked
-requests only, which no forward pass reads. Each finished load is handed back
-to the worker side whole (:class:`FinishedLoad`): ``get_finished`` reports its
-requests as received and its failures as load errors of that same step, so
-the engine never resumes a request before it knows which of its blocks failed.
-
-One reader, loads in the order they were started: a load's failures and counts
-never overtake an earlier one's, and the pins of a step are released only when
-every load planned up to that step is over (:meth:`BackgroundLoads.pending_since`).
+Loaded in the step, a slow backend's read would stall every request of the batch (docs/internals.md, "Loads
+off the engine's step").
 """
 
 from __future__ import annotations

@@ -1,36 +1,7 @@
 """The scheduler side of a prefix-keyed store: what to load, what to save, where.
 
-It decides and records; the worker side executes what the metadata says and
-reports which saves ended (:class:`SaveReport`, its worker metadata). The two
-share no state, so the pair would work split across processes as well as
-inside one object. A key is planned for saving at most once: from the plan
-until the report it is held (never planned again) but not loadable.
-
-Saves follow computation: each step, :meth:`StoreScheduler.build` reads the
-scheduler output (:mod:`capkv.stores._step`) and plans the save of every
-block the step fills — every group, in token order — as ``step_saves``, which
-the worker runs in ``wait_for_save``, after the forward pass wrote them and
-before the engine can free or reuse them. So a sliding-window block is stored
-before it leaves the window, and a prefix is loadable while the request that
-computed it still runs. Per request and group a cursor remembers how far saves
-were planned; it moves back when ``num_computed_tokens`` does (a preemption, a
-failed load recomputed), and blocks already held are not planned again. At
-finish the request's remaining computed blocks (those a full store could not
-take earlier, or whose save failed) are planned as ``saves``, for which the
-engine keeps the blocks (``delay_free``). A request whose load failed this step
-saves nothing this step: its KV from the failed block on is recomputed later.
-
-With several workers (tensor- and pipeline-parallel ranks: ``KVSpec.shard``),
-each stores its own shard of every block under keys of its own; the workers'
-reports arrive merged, each shard's part kept apart (``SaveReport.more``), and a
-key becomes loadable only once *every* shard reported it stored (a failure in
-any shard makes it saveable again, for every shard).
-
-Blocks a load will read are pinned (not evictable) from the plan until the
-worker reports that step's loads done: each metadata carries its step number
-and the report the highest step whose loads ran, so an engine that skips
-``update_connector_output`` on a step, or calls it twice, neither leaks pins
-nor releases them early.
+It decides and records; the worker side executes and reports, and the two share no state (docs/internals.md,
+"The scheduler side").
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """Host rows a store reuses step after step, so loads and saves neither allocate nor page-fault.
 
-Fresh host memory is expensive: the kernel zeroes it page by page on first
-touch (about as long as copying it), and on CUDA the driver pins it. So a store
+Fresh host memory is expensive (zeroed page by page on first touch, pinned by the driver on CUDA), so a store
 takes it once and keeps it.
-
-A load moves its values through two *slots* of host memory (pinned when the
-KV cache is on CUDA), one chunk of about :data:`DEFAULT_CHUNK_BYTES` at a time:
-read into a slot, checked while the bytes are still in the CPU's cache,
-scattered into the KV cache. Reading the next chunk into the next slot waits
-only for the copy that last read *that* slot — on CPU none (a scatter is done
-when it returns), on CUDA the copy two chunks back — so host memory stays a few
-chunks, whatever a step loads (:class:`StagingRing`).
-
-A save gathers its blocks into rows that the writer holds until the backend's
-``put`` returns; then they go back to a :class:`RowCache` for the next saves
-(up to a bound of idle bytes), instead of back to the allocator.
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
 """What a store reads of a scheduler output: which requests compute which tokens, in which blocks.
 
-A store saves a block as soon as it is full and computed, in the step that
-computes it, while the engine still holds it (a sliding-window block becomes the
-null block a few steps later, and its KV is gone). For that the scheduler side
-must know, each step, every scheduled request's block table and how far its KV
-will be computed once the step has run. vLLM's ``SchedulerOutput`` says exactly
-this, and capkv reads it by vLLM's names, so vLLM's own object fits as it is
-(and capkv's reference engine fills the same fields):
-
-- ``scheduled_new_reqs``: items with ``req_id``, ``block_ids`` (one list per
-  group, the whole table) and ``num_computed_tokens`` (before this step);
-- ``scheduled_cached_reqs``: ``req_ids``, ``new_block_ids`` (per request, ids
-  to append per group, or ``None``), ``num_computed_tokens`` (before this
-  step) and ``resumed_req_ids`` (their ``new_block_ids`` replace the table: a
-  request resumed after a preemption);
-- ``num_scheduled_tokens``: ``{req_id: tokens computed this step}``.
-
-A scheduler output of ``None`` says nothing: a store then saves only when a
-request finishes (what is still held then). Anything else must have these
-fields; a malformed one is a :class:`capkv.ContractError`, never a guess.
+A store saves a block in the step that computes it, while the engine still holds it; capkv reads vLLM's own
+fields, so vLLM's object fits as it is.
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
 """One stored block as one self-checking value: a 64-byte header, then the block's bytes.
 
-Every backend stores the same values, so what a backend does to them — cut
-them short, pad them, damage any byte, return another key's value — is caught
-here, once: the header repeats the key (group and digest), the layout
-fingerprint (which includes the worker's shard and the format version) and the
-payload length, and carries the payload's checksum
-(:mod:`capkv.stores._checksum`). A value is loaded only when all of them match.
-
-The layout and the format version are in the key too (the physical key,
-:class:`~capkv.stores.StoreKey`, and so every backend's name for the value),
-so a value of another layout or format lives under another name and is never
-read for this one. A value read under this key that does not match in every
-field is therefore damaged, whichever field it is — never "someone else's": it
-is deleted (tombstoned in the file store) at its first failed load, for every
-process, and the key can be saved again.
-
-Header (little-endian): magic ``CKVB`` (4 bytes), format version (2), flags (2,
-zero), group (4), payload length (4), digest (16), layout (16), checksum (16).
-64 bytes, so the payload starts on a cache line wherever a value is laid out;
-a save builds header and payload in one host row and hands the backend that row
-without copying it.
+Whatever a backend does to a value is caught here, once (the header: docs/internals.md, "Self-checking
+values").
 """
 
 from __future__ import annotations

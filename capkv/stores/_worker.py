@@ -1,22 +1,7 @@
 """The worker side of a store: run the metadata's loads and saves against a backend.
 
-Loads run in ``start_load_kv`` (a slow backend's on the reader thread instead,
-started when the metadata is bound: :mod:`capkv.stores._reader`): read chunk by
-chunk into reused host rows, checked while hot (this key's value, of this layout
-and shard, whole, its checksum) and scattered into the engine's blocks
-(:mod:`capkv.stores._loading`). A damaged value is deleted from the backend and,
-like a missing one, is a load error of its group;
-both are reported lost (``SaveReport.lost``), so the scheduler side stops offering
-them and may save the key again.
-
-Saves gather the engine's blocks into host rows and hand them to the
-:class:`~capkv.stores._writer.Writer`. A finished request's saves start in
-``start_load_kv`` and the request is reported in ``get_finished``'s sending set
-once every copy out of its blocks has completed; the saves of the blocks a step
-filled start in ``wait_for_save``, the engine's stream ordered after their copies.
-A request whose load failed this step saves nothing this step (its later blocks
-were computed on KV it never got): those keys are reported failed, saveable once
-recomputed. Every save's outcome goes back in the worker metadata (``SaveReport``).
+A damaged or missing value is a load error of its group and reported lost, so the scheduler side stops
+offering it (docs/internals.md, "The worker side").
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
 """The store's writer: seals started saves into values and puts them into the backend, in order.
 
-One implementation for every backend. A save arrives as a :class:`SaveJob` —
-its keys, the host rows its blocks are being gathered into (header space
-first), the copy's handle — and goes through two stages: *seal* (wait for the
-copy, write each value's header and checksum, :mod:`capkv.stores._value`) and
-*put* (every sealed save since the last put, up to ``batch_bytes``, in one
-``backend.put``). In the background each stage has a thread, so checksums of
-later saves are computed while earlier ones are being written; inline (a host
-pool on CPU, whose copy is done when the step ends) both run in the caller.
-Deletes travel the same way, so a delete and a later put of the same key
-happen in that order.
-
-In the background the saves in flight are bounded (``max_pending_bytes``): a
-save that finds no room (:meth:`Writer.has_room`) is dropped by the caller, and
-counted, rather than stalling the engine's step behind a slow backend or
-growing host memory without end; its blocks stay saveable, so a later step or
-the request's finish saves them once the backend keeps up.
-
-Nothing escapes a batch: whatever a stage raises (the copy, the checksum, the
-backend, a wrong-shaped answer), the batch's saves fail — each key once, in its
-job's landing — the error is kept (without its traceback, whose frames hold the
-buffers) for :meth:`Writer.flush` to raise once, and the thread goes on.
-:meth:`Writer.close` stops the threads and never hangs: after ``timeout_s`` it
-fails whatever has not landed and leaves the (daemon) threads behind.
+One implementation for every backend, bounded, never raising into the engine's step (docs/internals.md, "The
+writer").
 """
 
 from __future__ import annotations
