@@ -1,8 +1,7 @@
 """The generic composite: ``MultiConnector``'s machinery, and what a stack reports about its children.
 
-``MultiConnector`` is public from :mod:`capkv`; this front adds why a child's report was dropped
-(:class:`Drop`) and :data:`NOT_BUILT`. Open ``_multi.py`` first (the mechanisms: docs/internals.md, "The
-composite").
+``MultiConnector`` is public from :mod:`capkv`; this front adds :class:`Drop` and :data:`NOT_BUILT`. Open
+``_multi.py`` first (the mechanisms: docs/internals.md, "The composite").
 """
 
 from typing import TYPE_CHECKING

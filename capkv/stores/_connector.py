@@ -1,8 +1,7 @@
 """``StoreConnector``: a prefix store for every KV-cache group over any :class:`~capkv.stores.Backend`.
 
-The shared layer of capkv's stores (the host pool, files and Redis are
-backends under it): keys, value checks, step saves, pins, the background
-writer and the worker's reports are all here, so a backend only stores bytes.
+Keys, value checks, step saves, pins, the background writer and the worker's reports are all here, so a
+backend only stores bytes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The engine's KV cache as capkv sees it: a :class:`~capkv.KVSpec` from vLLM's ``KVCacheConfig``, and the
-worker's shard.
+"""The engine's KV cache as capkv sees it: a :class:`~capkv.KVSpec` from vLLM's ``KVCacheConfig``, and the worker's shard.
 
 Both roles need the same spec: the scheduler side never sees a tensor, yet stores key blocks by each group's
 layout.
