@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from capkv.capabilities._serving import KVCacheConfigLike, check_stack, finish_request, require_hma
     from capkv.composite._metadata import MultiConnectorMetadata, MultiWorkerMetadata
     from capkv.composite._multi import HMAMultiConnector, MultiConnector
+    from capkv.contracts._access import KVCacheAccess
     from capkv.contracts._base import KVConnectorBase
     from capkv.contracts._class_level import class_level
     from capkv.contracts._connector import HMAConnector, KVConnector, SupportsHMA
@@ -64,6 +65,7 @@ __all__ = [
     "HandshakeMetadata",
     "KVCacheConfigLike",
     "KVConnector",
+    "KVCacheAccess",
     "KVConnectorBase",
     "KVConnectorOutput",
     "KVGroupSpec",
@@ -113,6 +115,7 @@ if not TYPE_CHECKING:  # checkers read the imports above; a __getattr__ they saw
             "capkv.capabilities._serving": ["KVCacheConfigLike", "check_stack", "finish_request", "require_hma"],
             "capkv.composite._metadata": ["MultiConnectorMetadata", "MultiWorkerMetadata"],
             "capkv.composite._multi": ["HMAMultiConnector", "MultiConnector"],
+            "capkv.contracts._access": ["KVCacheAccess"],
             "capkv.contracts._base": ["KVConnectorBase"],
             "capkv.contracts._class_level": ["class_level"],
             "capkv.contracts._connector": ["HMAConnector", "KVConnector", "SupportsHMA"],

@@ -37,6 +37,7 @@ FRONTS: dict[str, list[str]] = {
         "HMAConnector",
         "HMAMultiConnector",
         "HandshakeMetadata",
+        "KVCacheAccess",
         "KVCacheConfigLike",
         "KVConnector",
         "KVConnectorBase",

@@ -9,10 +9,15 @@ import enum
 import inspect
 from typing import Any, Final, Literal
 
-from capkv.capabilities._table import SLEEP_MODE
+from capkv.capabilities._table import ACCESS, LOOKAHEAD, SLEEP_MODE
+from capkv.contracts._access import KVCacheAccess
 
 __all__ = [
+    "ACCESS",
+    "CONFIG_FACTS",
+    "ConfigFact",
     "FINISHED_COUNT",
+    "LOOKAHEAD",
     "LAYOUT",
     "NEEDS_INSTANCE",
     "PIECEWISE",
@@ -21,6 +26,7 @@ __all__ = [
     "SLEEP_MODE",
     "SleepFact",
     "StaticFact",
+    "class_answer",
     "class_fact",
     "class_sleeps",
 ]
@@ -34,6 +40,13 @@ FINISHED_COUNT: Final = "get_finished_count"
 
 SleepFact = Literal["supports_sleep_mode"]
 """The sleep-mode fact (asked at configuration time by vLLM releases that have it, not shown by ``capkv check``'s tree)."""
+
+ConfigFact = Literal["supports_sleep_mode", "kv_cache_access", "supports_lookahead_block_hashes"]
+"""The facts vLLM asks a connector class with its configuration (0.33, 0.34); a class without the member
+answers its default (:data:`CONFIG_FACTS`)."""
+
+CONFIG_FACTS: dict[ConfigFact, object] = {SLEEP_MODE: True, ACCESS: KVCacheAccess.IN_PROCESS, LOOKAHEAD: False}
+"""Each configuration-time fact and the answer of a class without the member (vLLM's base default)."""
 
 STATIC_FACTS: tuple[StaticFact, ...] = (LAYOUT, PIECEWISE, FINISHED_COUNT)
 """The facts, in the order ``capkv check`` shows them."""
@@ -52,7 +65,7 @@ NEEDS_INSTANCE: Final = NeedsInstance.NEEDS_INSTANCE
 """What :func:`class_fact` returns when only an instance can answer."""
 
 
-def class_fact(cls: type[Any], fact: StaticFact | SleepFact) -> object:
+def class_fact(cls: type[Any], fact: StaticFact | ConfigFact) -> object:
     """``cls``'s answer to ``fact`` when its member is class-level, else :data:`NEEDS_INSTANCE`.
 
     The member is found as attribute lookup finds it (through the MRO, without
@@ -81,6 +94,14 @@ def class_fact(cls: type[Any], fact: StaticFact | SleepFact) -> object:
     return NEEDS_INSTANCE
 
 
+def class_answer(cls: type[Any], fact: ConfigFact) -> object:
+    """capkv connector class ``cls``'s answer to a configuration-time ``fact``: its class-level member's,
+    the default (:data:`CONFIG_FACTS`) without one, :data:`NEEDS_INSTANCE` for an instance method."""
+    if inspect.getattr_static(cls, fact, None) is None:
+        return CONFIG_FACTS[fact]
+    return class_fact(cls, fact)
+
+
 def class_sleeps(cls: type[Any]) -> object:
     """Whether the engine may sleep (give up its KV cache's memory) with capkv connector class ``cls``.
 
@@ -88,9 +109,7 @@ def class_sleeps(cls: type[Any]) -> object:
     default): a connector that holds views of the KV cache releases them in ``unregister_kv_caches``
     and is registered again on wake. An instance method: :data:`NEEDS_INSTANCE`.
     """
-    if inspect.getattr_static(cls, SLEEP_MODE, None) is None:
-        return True
-    return class_fact(cls, SLEEP_MODE)
+    return class_answer(cls, SLEEP_MODE)
 
 
 def _needs_arguments(member: Any) -> bool:

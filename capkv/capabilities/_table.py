@@ -7,6 +7,7 @@ cannot disagree.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
@@ -14,22 +15,29 @@ from typing import Any, Final, Literal, TypeVar
 from capkv.errors import ConflictError
 
 __all__ = [
+    "ACCESS",
     "CAPABILITIES",
     "DELIVERY",
     "DIVERGENT_HITS",
     "HMA_METHOD",
+    "LOOKAHEAD",
+    "MAY_LOAD_ASYNC",
     "SLEEP_MODE",
     "Capability",
     "Rule",
     "capability",
     "combine",
     "fold",
+    "union",
 ]
 
 HMA_METHOD: Final = "request_finished_all_groups"
 SLEEP_MODE: Final = "supports_sleep_mode"
 DIVERGENT_HITS: Final = "supports_divergent_local_hybrid_hits"
 DELIVERY: Final = "requires_kv_delivery"
+ACCESS: Final = "kv_cache_access"
+LOOKAHEAD: Final = "supports_lookahead_block_hashes"
+MAY_LOAD_ASYNC: Final = "may_load_async"
 
 _T = TypeVar("_T")
 Labelled = Sequence[tuple[str, _T]]
@@ -41,8 +49,12 @@ class Rule(enum.Enum):
 
     ALL = "every child"
     """A capability every child must have (``True`` from each; no child: ``True``)."""
+    ALL_OF_SOME = "every child, and at least one"
+    """A capability every child must have, and that no child at all does not have."""
     ANY = "any child"
     """A need any one child imposes."""
+    UNION = "the children's flags together"
+    """Flags (an ``IntFlag``): every flag any child needs (no child: none)."""
     AGREE = "the children agree"
     """One value all children give; any difference, ``None`` included, conflicts."""
     AGREE_OR_NONE = "the children that state one agree"
@@ -72,6 +84,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(SLEEP_MODE, Rule.ALL, "capkv"),
     Capability(DIVERGENT_HITS, Rule.ALL, "vllm"),
     Capability(DELIVERY, Rule.ANY, "vllm"),
+    Capability(ACCESS, Rule.UNION, "capkv"),
+    Capability(LOOKAHEAD, Rule.ALL_OF_SOME, "capkv"),
+    Capability(MAY_LOAD_ASYNC, Rule.ANY, "capkv"),
 )
 """Every capability a composite derives from its children."""
 
@@ -88,17 +103,34 @@ def fold(member: str, answers: Iterable[bool]) -> bool:
     rule = capability(member).rule
     if rule is Rule.ALL:
         return all(answers)
+    if rule is Rule.ALL_OF_SOME:
+        seen = False
+        for answer in answers:
+            if not answer:
+                return False
+            seen = True
+        return seen
     if rule is Rule.ANY:
         return any(answers)
     raise TypeError(f"{member} is combined by agreement ({rule.value}), not folded as yes/no")
+
+
+def union(flags: Iterable[Any]) -> Any:
+    """Every flag of ``flags`` together (``IntFlag`` values of one class); ``0`` for none."""
+    def either(a: Any, b: Any) -> Any:
+        return a | b
+
+    return functools.reduce(either, flags, 0)
 
 
 def combine(composite: str, member: str, answers: Labelled[Any]) -> object:
     """The composite's answer to ``member`` from its labelled children's, by the row's rule; children that
     disagree raise :class:`~capkv.ConflictError` naming each of them and their answers."""
     rule = capability(member).rule
-    if rule in (Rule.ALL, Rule.ANY):
+    if rule in (Rule.ALL, Rule.ALL_OF_SOME, Rule.ANY):
         return fold(member, (bool(answer) for _, answer in answers))
+    if rule is Rule.UNION:
+        return union(answer for _, answer in answers)
     considered = [(label, a) for label, a in answers if not (rule is Rule.AGREE_OR_NONE and a is None)]
     distinct = {answer for _, answer in considered}
     if len(distinct) > 1:

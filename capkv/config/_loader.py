@@ -188,7 +188,7 @@ def _load(config: object, path: tuple[int, ...], registry: ConnectorRegistry) ->
         )
     extra = _string_keyed(cast("Mapping[object, Any]", extra), f"{where}kv_connector_extra_config")
     try:
-        cls = registry.resolve(name, module_path=module_path)
+        cls = registry.resolve(name, module_path=module_path, entry=entry)
     except ConfigError as exc:
         raise ConfigError(
             f"{where}{exc}", connector=exc.connector, method=exc.method, value=exc.value

@@ -45,8 +45,10 @@ and the short names ``capkv demo --stack`` has always used (``cpu,file``)."""
 
 ENGINE_NAMESPACES: tuple[str, ...] = ("capkv.adapters.vllm._names:resolve_vllm_name",)
 """Engines' connector names, asked in order for a name capkv does not know: each a ``"module:function"``
-taking the name and returning the class, or ``None`` when the engine does not know it (or is not
-installed). The module is imported only on such a miss, so an engine is imported only when needed."""
+taking the name and the whole configuration entry (an engine may pick the class by the entry's config,
+as vLLM does for NIXL's ``transfer_mode``) and returning the class, or ``None`` when the engine does not
+know it (or is not installed). The module is imported only on such a miss, so an engine is imported
+only when needed; the answer is asked again for each entry."""
 
 _C = TypeVar("_C", bound=type[Any])
 
@@ -74,7 +76,7 @@ class ConnectorRegistry:
         self._entry_points: dict[str, str] | None = None
         self._engine_namespaces = engine_namespaces
         self._from_engine: set[str] = set()
-        """Names an engine's registry resolved (remembered in ``_targets``, but the engine's, not capkv's)."""
+        """Names an engine's registry resolved (the engine's, not capkv's)."""
 
     def register(self, name: str) -> Callable[[_C], _C]:
         """Class decorator: make the class resolvable as ``name``."""
@@ -111,14 +113,17 @@ class ConnectorRegistry:
         not a name only an engine's registry knows — decided without importing anything."""
         return (name in self._targets and name not in self._from_engine) or name in self._published()
 
-    def resolve(self, name: str, *, module_path: str | None = None) -> type[Any]:
+    def resolve(
+        self, name: str, *, module_path: str | None = None, entry: Mapping[str, Any] | None = None
+    ) -> type[Any]:
         """The connector class for ``name``.
 
         ``module_path`` (vLLM's ``kv_connector_module_path``) makes ``name`` a
         class name inside that module; a ``name`` containing ``:`` is a
         ``"module:Class"`` path. Raises :class:`~capkv.ConfigError` for an unknown
         name, a module that does not import, a missing attribute, or an
-        attribute that is not a connector class.
+        attribute that is not a connector class. ``entry`` (the whole configuration entry) goes to the
+        engines' registries with a name capkv does not know.
         """
         if module_path is not None:
             return _require_connector_class(
@@ -131,7 +136,7 @@ class ConnectorRegistry:
         if target is None:
             target = self._published().get(name)
         if target is None:
-            target = self._from_engines(name)
+            target = self._from_engines(name, {} if entry is None else entry)
         if target is None:
             raise ConfigError(
                 f'unknown connector "{name}" (registered: {", ".join(self.names()) or "none"}; '
@@ -147,14 +152,13 @@ class ConnectorRegistry:
             return cls
         return _require_connector_class(target, name)
 
-    def _from_engines(self, name: str) -> type[Any] | None:
+    def _from_engines(self, name: str, entry: Mapping[str, Any]) -> type[Any] | None:
         for namespace in self._engine_namespaces:
             module, _, function = namespace.partition(":")
             lookup = _import_attribute(module, function, shown=namespace)
-            found: object = cast("Callable[[str], object]", lookup)(name)
+            found: object = cast("Callable[[str, Mapping[str, Any]], object]", lookup)(name, entry)
             if found is not None:
                 cls = _require_connector_class(found, name)
-                self._targets[name] = cls
                 self._from_engine.add(name)
                 return cls
         return None

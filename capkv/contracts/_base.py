@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic
 
 
 from capkv._homes import publish
+from capkv.contracts._access import KVCacheAccess
 from capkv.contracts._class_level import class_level
 from capkv.contracts._connector import RequestT
 from capkv.contracts._engine import (
@@ -114,6 +115,18 @@ class KVConnectorBase(ABC, Generic[RequestT]):
     @class_level
     def requires_piecewise_for_cudagraph(cls) -> bool:
         """Full CUDA graphs are fine; override as for :meth:`get_required_kvcache_layout`."""
+        return False
+
+    @class_level
+    def kv_cache_access(cls) -> KVCacheAccess:
+        """Copies within the engine's process only; say more (class-level) when the connector
+        registers or exports the KV cache: vLLM allocates it by the answer."""
+        return KVCacheAccess.IN_PROCESS
+
+    @class_level
+    def supports_lookahead_block_hashes(cls) -> bool:
+        """No: the connector is not known to take a request's lookahead block hashes (vLLM 0.34 then
+        hashes no lookahead tokens); say yes (class-level) when it keys only the blocks it is offered."""
         return False
 
     @class_level

@@ -14,12 +14,13 @@ from typing_extensions import Self
 
 from capkv._homes import publish
 from capkv.stores._backend import reads_slowly
-from capkv.stores._keys import PrefixHasher
+from capkv.stores._keys import PrefixHasher, RequestKeys
 from capkv.stores._metadata import SaveReport, StoreMetadata
-from capkv.stores._index_contract import StoreIndex
+from capkv.stores._index_contract import BatchedStoreIndex, StoreIndex
 from capkv.stores._scheduler import StoreScheduler
 from capkv.stores._worker import StoreWorker
 from capkv.contracts._arguments import require_instance
+from capkv.contracts._key_inputs import request_key_inputs
 from capkv.contracts._base import KVConnectorBase
 from capkv.contracts._class_level import class_level
 from capkv.contracts._engine import (
@@ -76,10 +77,14 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
 
     def __init__(self, spec: KVSpec, index: StoreIndex, worker: StoreWorker, *, namespace: str) -> None:
         self.spec = spec
-        self._scheduler = StoreScheduler(
-            spec, index, PrefixHasher(spec, namespace, owner=self._name), owner=self._name,
-            load_async=reads_slowly(worker.backend),
+        hasher = PrefixHasher(spec, namespace, owner=self._name)
+        self._scheduler = StoreScheduler(spec, index, hasher, owner=self._name, load_async=reads_slowly(worker.backend))
+        full = [i for i, group in enumerate(spec.groups) if group.sliding_window is None]
+        self._first_block: tuple[PrefixHasher, StoreIndex, int] | None = (
+            None if isinstance(index, BatchedStoreIndex) or not full else (hasher, index, full[0])
         )
+        """What tells cheaply whether a request's first block is here: a full-attention group's (every hit
+        holds it) in a local index; ``None`` where no such lookup is cheap."""
         self._worker = worker
 
     @property
@@ -93,6 +98,23 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
         backend declares its reads slow and there is a hit."""
         tokens = self._scheduler.matched_tokens(request, num_computed_tokens)
         return tokens, self._scheduler.load_async and tokens > 0
+
+    def may_load_async(self, request: ComputedTokenRequest, /) -> bool:
+        """Whether a hit for ``request`` may load asynchronously (vLLM 0.34 asks each time the request enters
+        a waiting queue): a slow backend's store that may hold the request's first block — looked up in a
+        local index (one key), assumed where that is not cheap (a false yes only delays other loads)."""
+        if not self._scheduler.load_async:
+            return False
+        first = self._first_block
+        if first is None:
+            return True
+        hasher, index, group = first
+        size = hasher.block_size(group)
+        tokens = request.all_token_ids
+        if len(tokens) <= size:
+            return False  # the last token is always computed: no whole block to load
+        inputs = request_key_inputs(request, connector=self._name, method="may_load_async")
+        return index.loadable(RequestKeys(hasher, tokens[:size], inputs).key(group, 0, method="may_load_async"))
 
     def update_state_after_alloc(self, request: ComputedTokenRequest, blocks: BlockIds, num_external_tokens: int, /) -> None:
         self._scheduler.allocated(request, blocks, num_external_tokens)

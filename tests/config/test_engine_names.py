@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -13,26 +14,28 @@ from capkv.config import ConnectorRegistry
 from capkv.errors import ConfigError
 from tests.config.sample_connectors import DiskConnector
 
-ASKED: list[str] = []
+ASKED: list[tuple[str, dict[str, Any]]] = []
 
 
-def disk_only(name: str) -> type[Any] | None:
+def disk_only(name: str, entry: Mapping[str, Any]) -> type[Any] | None:
     """An engine namespace that knows one name."""
-    ASKED.append(name)
+    ASKED.append((name, dict(entry)))
     return DiskConnector if name == "EngineDisk" else None
 
 
-def not_a_connector(name: str) -> object:
+def not_a_connector(name: str, entry: Mapping[str, Any]) -> object:
     return int
 
 
-def test_an_unknown_name_is_asked_of_the_engines_and_remembered() -> None:
+def test_an_unknown_name_is_asked_of_the_engines_with_its_entry_each_time() -> None:
+    """An engine may pick the class by the entry's config (vLLM: NIXL's transfer_mode), so nothing is cached."""
     ASKED.clear()
     registry = ConnectorRegistry(entry_point_group=None, engine_namespaces=(f"{__name__}:disk_only",))
     assert registry.resolve("EngineDisk") is DiskConnector
-    assert registry.resolve("EngineDisk") is DiskConnector
+    entry = {"kv_connector": "EngineDisk", "kv_connector_extra_config": {"mode": "push"}}
+    assert registry.resolve("EngineDisk", entry=entry) is DiskConnector
     assert registry.resolve("MultiConnector") is MultiConnector  # capkv's names win, unasked
-    assert ASKED == ["EngineDisk"]
+    assert ASKED == [("EngineDisk", {}), ("EngineDisk", entry)]
     with pytest.raises(ConfigError, match='unknown connector "Nope"'):
         registry.resolve("Nope")
 

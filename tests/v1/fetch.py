@@ -66,6 +66,16 @@ RELEASES = {
             "kv_connector/unit/conftest.py": "1608eabf3bb974279dac2add204cde3175f5d3df265adc6c66b32b0708993714",
         },
     ),
+    "0.34.0": Release(
+        "0.34.0",
+        _PYPI + "92/21/6e0b077dc4a0b28f5a8ce8bb352a38d7196650d681fd4faa87f8dc622eff/vllm-0.34.0.tar.gz",
+        "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113",
+        {
+            "kv_connector/unit/test_multi_connector.py": "8aa31604efdae6cc9f34d008c634ae72be74b3a49553c66bcaf86ac3c68420d5",
+            "kv_connector/unit/utils.py": "c479762f374e80f50760e85611c2def22eb2ec3c6a019c48aa1b862c0f93fe91",
+            "kv_connector/unit/conftest.py": "1608eabf3bb974279dac2add204cde3175f5d3df265adc6c66b32b0708993714",
+        },
+    ),
 }
 """Every vLLM release whose tests capkv runs."""
 

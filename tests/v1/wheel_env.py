@@ -34,8 +34,16 @@ WHEELS = {
         "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
         "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
     ),
+    "0.34.0": (
+        "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
+    ),
 }
 """Each release installed this way: its x86_64 wheel on PyPI and that wheel's SHA-256."""
+
+KEPT = {"0.34.0": frozenset({"triton"})}
+"""Requirements of ``GPU_ONLY`` a release needs all the same: 0.34's CPU platform refuses to build a
+``VllmConfig`` without Triton (with ``CUDA_VISIBLE_DEVICES=""`` the CUDA ``triton`` passes its check)."""
 
 GPU_ONLY = re.compile(
     r"^(torch|torchaudio|torchvision|torchcodec|nvidia-.*|cuda-.*|flashinfer-.*|pynvvideocodec|nvtx|tilelang"
@@ -52,8 +60,8 @@ def _name(requirement: Requirement) -> str:
     return re.sub(r"[-_.]+", "-", requirement.name).lower()
 
 
-def requirements(metadata: str) -> list[str]:
-    """The wheel's unconditional requirements for this interpreter, less ``GPU_ONLY``."""
+def requirements(metadata: str, keep: frozenset[str] = frozenset()) -> list[str]:
+    """The wheel's unconditional requirements for this interpreter, less ``GPU_ONLY`` (but those in ``keep``)."""
     kept: list[str] = []
     for line in metadata.splitlines():
         if not line.startswith("Requires-Dist: "):
@@ -61,7 +69,7 @@ def requirements(metadata: str) -> list[str]:
         requirement = Requirement(line.removeprefix("Requires-Dist: "))
         if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
             continue
-        if GPU_ONLY.match(_name(requirement)):
+        if GPU_ONLY.match(_name(requirement)) and _name(requirement) not in keep:
             continue
         kept.append(str(requirement))
     return kept
@@ -94,7 +102,7 @@ def install(release: str) -> None:
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(f"torch=={torch_version}\n")
         _pip("install", "--quiet", "--no-deps", str(wheel))
-        _pip("install", "--quiet", "--constraint", str(constraints), *requirements(metadata))
+        _pip("install", "--quiet", "--constraint", str(constraints), *requirements(metadata, KEPT.get(release, frozenset())))
     if _cpu_torch() != torch_version:
         raise SystemExit("torch changed while vLLM's requirements were installed")
 

@@ -38,6 +38,9 @@ _said: set[str] = set()
 class _Idle(KVConnectorBase[Any]):
     """The stack of an empty ``connectors`` list: vLLM's composite with no child does nothing."""
 
+    capkv_no_leaves: ClassVar[bool] = True
+    """Not a leaf: vLLM's composite rules see no child."""
+
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int, /) -> tuple[int | None, bool]:
         return 0, False
 

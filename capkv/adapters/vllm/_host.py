@@ -23,6 +23,7 @@ from capkv._homes import publish
 from capkv.adapters.vllm._carry import PPHandshakes, block_ids_from_vllm
 from capkv.adapters.vllm._contain import Contained
 from capkv.adapters.vllm._host_class import ClassLevelMembers
+from capkv.adapters.vllm._host_facts import AsyncLoads, check_told
 from capkv.adapters.vllm._host_stats import StatsMembers, stats_key
 from capkv.adapters.vllm._host_worker import WorkerMembers
 from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
@@ -50,7 +51,7 @@ __all__ = ["CapkvConnector", "CapkvHMAConnector"]
 _log = logging.getLogger("capkv.vllm")
 
 
-class CapkvConnector(ClassLevelMembers, WorkerMembers, StatsMembers):
+class CapkvConnector(ClassLevelMembers, WorkerMembers, StatsMembers, AsyncLoads):
     """A capkv stack inside vLLM, without HMA: vLLM turns its hybrid allocator off, so any stack serves."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
@@ -77,6 +78,7 @@ class CapkvConnector(ClassLevelMembers, WorkerMembers, StatsMembers):
                         "layout; declare the layout class-level (@capkv.class_level) in the child that needs it",
                         connector=host, method="get_required_kvcache_layout", value=needed,
                     )
+                check_told(host, type(self), transfer, built)
         self._bind_stack(built)
 
     # ---- the hosted stack ---------------------------------------------------------------

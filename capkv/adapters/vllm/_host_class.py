@@ -1,7 +1,7 @@
 """A host's class-level members: what vLLM asks the connector *class* before building it.
 
-Answered from the configured stack's classes, nothing built, combined by the rows of
-:mod:`capkv.capabilities._table`.
+Answered from the configured stack's classes, nothing built (vLLM's own by their classmethods with their own
+entries, as vLLM's ``MultiConnector`` asks them), combined by the rows of :mod:`capkv.capabilities._table`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
+from capkv.adapters.vllm._access import VllmKVCacheAccess
 from capkv.adapters.vllm._host_state import HostState
 from capkv.adapters.vllm._stack import child_vllm_config, configured_fact
 from capkv.adapters.vllm._stats import HostPromMetrics, rebuild_stats
-from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE, PIECEWISE, SLEEP_MODE
+from capkv.capabilities._facts import ACCESS, LAYOUT, LOOKAHEAD, NEEDS_INSTANCE, PIECEWISE, SLEEP_MODE
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 
 __all__ = ["ClassLevelMembers", "configured_leaves"]
@@ -55,6 +56,32 @@ class ClassLevelMembers(HostState):
             return True
         answer = configured_fact(
             configured, SLEEP_MODE, vllm_config=None, transfer=kv_transfer_config, inherit_role=cls.INHERIT_ROLE
+        )
+        return answer is True
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: KVTransferConfig) -> VllmKVCacheAccess:
+        """What vLLM 0.34 must allocate the KV cache for: every flag of every leaf — a vLLM class's own
+        answer for its own entry, a capkv class's class-level ``kv_cache_access()`` (default: in-process).
+        A leaf that answers only per instance: ``REGISTERS`` (one allocation per segment), which the
+        built leaves are checked against at construction."""
+        configured = cls._configured(kv_transfer_config.kv_connector_extra_config)
+        if configured is None:
+            return VllmKVCacheAccess.IN_PROCESS
+        answer = configured_fact(
+            configured, ACCESS, vllm_config=None, transfer=kv_transfer_config, inherit_role=cls.INHERIT_ROLE
+        )
+        return VllmKVCacheAccess.REGISTERS if answer is NEEDS_INSTANCE else VllmKVCacheAccess(cast("int", answer))
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: KVTransferConfig) -> bool:
+        """Whether vLLM 0.34 may hash lookahead tokens' blocks: every leaf takes them (a vLLM class by its
+        own answer, a capkv class by its class-level fact, default no), and there is at least one."""
+        configured = cls._configured(kv_transfer_config.kv_connector_extra_config)
+        if configured is None:
+            return False
+        answer = configured_fact(
+            configured, LOOKAHEAD, vllm_config=None, transfer=kv_transfer_config, inherit_role=cls.INHERIT_ROLE
         )
         return answer is True
 

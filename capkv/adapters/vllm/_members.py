@@ -1,19 +1,20 @@
 """The members of vLLM's connector base class capkv knows, per release, and the rule for any other.
 
-vLLM adds members in most releases: refusing an unknown one would break the next release, ignoring it could
-drop a call vLLM's children need (docs/vllm.md, "New vLLM members").
+vLLM adds members in most releases, and its ``MultiConnector`` defines in the same release how the children's
+answers combine: a member capkv does not know is answered by that rule over the stack's leaves, so capkv gives
+vLLM's answer on the day a release ships (docs/vllm.md, "New vLLM members").
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+from capkv.adapters.vllm._composite_rule import composite_rule
 
 __all__ = ["BASE_OWNED", "VLLM_MEMBERS", "complete", "known_members", "unknown_members"]
 
@@ -35,6 +36,8 @@ _V032: frozenset[str] = frozenset({
 VLLM_MEMBERS: Mapping[str, frozenset[str]] = types.MappingProxyType({
     "0.32": _V032,
     "0.33": _V032 | {"supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches"},
+    "0.34": _V032 | {"supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches",
+                     "kv_cache_access", "may_load_async", "supports_lookahead_block_hashes"},
 })
 """The public members of ``KVConnectorBase_V1`` in each supported vLLM release."""
 
@@ -57,7 +60,8 @@ def unknown_members(base: type[Any] = KVConnectorBase_V1) -> list[str]:
 
 
 def complete(cls: type[Any], *, own: bool = False) -> tuple[str, ...]:
-    """Give ``cls`` the default rule for every unknown member only vLLM's base defines; return their names.
+    """Give ``cls`` vLLM's composite rule for every unknown member only vLLM's base defines (the base's
+    default where vLLM's composite has none); return their names.
 
     With ``own``, also make every other member of the base one of ``cls``'s own (in its ``__dict__``,
     bound to its module), as vLLM's composite defines them, so a check of the class's namespace sees
@@ -74,7 +78,8 @@ def complete(cls: type[Any], *, own: bool = False) -> tuple[str, ...]:
             if name in known:
                 continue  # a known member the class leaves to the base: tests/vllm/test_members.py names it
             filled.append(name)
-            setattr(cls, name, _default_rule(name, member, cls))
+            rule = composite_rule(name, cls)
+            setattr(cls, name, _owned(member, cls) if rule is None else rule)
         elif own:
             setattr(cls, name, _owned(member, cls))
     _warn(filled)
@@ -88,27 +93,9 @@ def _warn(names: Iterable[str]) -> None:
     _warned.update(new)
     _log.warning(
         "capkv.vllm: this vLLM's connector base class has member%s capkv does not know: %s; each is "
-        "forwarded to the stack's vLLM connectors that have it (an instance method), else vLLM's default "
-        "(see docs/vllm.md, \"New vLLM members\")", "s" if len(new) > 1 else "", ", ".join(new),
+        "answered by vLLM's own MultiConnector rule over the stack's leaves, or vLLM's default where that "
+        "has none (see docs/vllm.md, \"New vLLM members\")", "s" if len(new) > 1 else "", ", ".join(new),
     )
-
-
-def _default_rule(name: str, member: object, cls: type[Any]) -> object:
-    """The rule for an unknown member: instance methods forwarded to the vLLM children; the rest, the base's."""
-    if not isinstance(member, types.FunctionType):
-        return _owned(member, cls)
-    default = cast("Callable[..., Any]", member)
-
-    @functools.wraps(default)
-    def forwarded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        children: list[object] = list(getattr(self, "_vllm_children", ()))
-        answers = [getattr(child, name)(*args, **kwargs) for child in children if callable(getattr(child, name, None))]
-        return answers[0] if answers else default(self, *args, **kwargs)
-
-    forwarded.__qualname__ = f"{cls.__qualname__}.{name}"
-    forwarded.__module__ = cls.__module__
-    forwarded.__signature__ = inspect.signature(default)  # type: ignore[attr-defined]
-    return forwarded
 
 
 def _owned(member: Any, cls: type[Any]) -> Any:

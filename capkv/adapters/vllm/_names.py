@@ -1,14 +1,16 @@
 """vLLM's own connector names, for capkv's registry (vLLM is imported only to answer).
 
-So a stack may name ``"OffloadingConnector"`` as vLLM's configuration does; without vLLM the registry's error
-says how to install it.
+So a stack may name ``"OffloadingConnector"`` as vLLM's configuration does, as the class vLLM's factory builds for
+the entry (NIXL's ``transfer_mode = "push"``: ``NixlPushConnector``); without vLLM the registry's error says how
+to install it.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 __all__ = ["HINT", "resolve_vllm_name"]
 
@@ -20,13 +22,21 @@ HINT = (
 """What the registry adds to an unknown name's error."""
 
 
-def resolve_vllm_name(name: str) -> type[Any] | None:
-    """The class vLLM's connector factory registers as ``name``; ``None`` if none (or no vLLM)."""
+def resolve_vllm_name(name: str, entry: Mapping[str, Any]) -> type[Any] | None:
+    """The class vLLM's connector factory builds for ``entry`` named ``name``; ``None`` if vLLM does not
+    register the name (or is not installed)."""
     if importlib.util.find_spec("vllm") is None:
         return None
     factory: Any = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.factory").KVConnectorFactory
     try:
-        cls: type[Any] = factory.get_connector_class_by_name(name)
+        factory.get_connector_class_by_name(name)
     except ValueError:  # vLLM does not register the name
         return None
+    transfer: Any = importlib.import_module("vllm.config.kv_transfer").KVTransferConfig
+    extra: Any = entry.get("kv_connector_extra_config")
+    config = transfer(
+        kv_connector=name, kv_role=entry.get("kv_role") or "kv_both",
+        kv_connector_extra_config=dict(cast("Mapping[str, Any]", extra)) if isinstance(extra, Mapping) else {},
+    )
+    cls: type[Any] = factory.get_connector_class(config)
     return cls

@@ -11,7 +11,7 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from vllm.config import VllmConfig
 from vllm.config.kv_transfer import KVTransferConfig
@@ -20,15 +20,17 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID
 from capkv.adapters.vllm._child import wrap_configured
+from capkv.adapters.vllm._names import resolve_vllm_name
 from capkv.capabilities._facts import (
+    ACCESS,
+    CONFIG_FACTS,
     LAYOUT,
     NEEDS_INSTANCE,
     PIECEWISE,
-    SLEEP_MODE,
-    SleepFact,
+    ConfigFact,
     StaticFact,
+    class_answer,
     class_fact,
-    class_sleeps,
 )
 from capkv.composite._agreement import child_label, combine
 from capkv.config._build import build_connector, build_stack
@@ -36,7 +38,15 @@ from capkv.config._loader import ConfiguredConnector, ConfiguredNode, Configured
 from capkv.contracts._spec import KVSpec
 from capkv.errors import CapkvError, ConfigError
 
-__all__ = ["Engine", "build_hosted", "child_transfer_config", "child_vllm_config", "configured_fact", "load_hosted"]
+__all__ = [
+    "Engine",
+    "build_hosted",
+    "child_entry",
+    "child_transfer_config",
+    "child_vllm_config",
+    "configured_fact",
+    "load_hosted",
+]
 
 
 @dataclass(frozen=True)
@@ -73,21 +83,37 @@ def child_vllm_config(vllm_config: VllmConfig, leaf: ConfiguredConnector, *, inh
 def child_transfer_config(
     host: KVTransferConfig | None, leaf: ConfiguredConnector, *, inherit_role: bool = True
 ) -> KVTransferConfig:
-    """``leaf``'s own ``kv_transfer_config``: its entry, with the host's ``engine_id`` (and ``kv_role``,
-    with ``inherit_role``) unless the entry has its own."""
+    """``leaf``'s own ``kv_transfer_config`` (:func:`child_entry`)."""
+    return KVTransferConfig(**child_entry(host, leaf, inherit_role=inherit_role))
+
+
+def child_entry(
+    host: KVTransferConfig | None, leaf: ConfiguredConnector, *, inherit_role: bool = True
+) -> dict[str, Any]:
+    """``leaf``'s entry as vLLM's ``MultiConnector`` reads it: its own keys, named as vLLM's factory finds
+    it (the entry's own name where vLLM's factory resolves it to the same class, so vLLM's per-name rules
+    still apply), with the host's ``engine_id`` (and ``kv_role``, with ``inherit_role``) unless it has its own."""
     entry: dict[str, Any] = {
         key: value for key, value in leaf.entry.items() if key in _TRANSFER_FIELDS and value is not None
     }
-    entry.update(
-        kv_connector=leaf.cls.__name__,
-        kv_connector_module_path=leaf.cls.__module__,
-        kv_connector_extra_config=dict(leaf.extra_config),
-    )
+    if not _named_as_vllm(leaf):
+        entry.update(kv_connector=leaf.cls.__name__, kv_connector_module_path=leaf.cls.__module__)
+    entry["kv_connector_extra_config"] = dict(leaf.extra_config)
     if host is not None:
         entry.setdefault("engine_id", host.engine_id)
         if inherit_role:
             entry.setdefault("kv_role", host.kv_role)
-    return KVTransferConfig(**entry)
+    return entry
+
+
+def _named_as_vllm(leaf: ConfiguredConnector) -> bool:
+    """Whether vLLM's factory finds ``leaf``'s class by the entry's own name (and module path)."""
+    name: object = leaf.entry.get("kv_connector")
+    if not isinstance(name, str) or ":" in name:
+        return False
+    if leaf.entry.get("kv_connector_module_path"):
+        return True  # capkv's registry imported the class from that module, as vLLM's factory does
+    return resolve_vllm_name(name, leaf.entry) is leaf.cls
 
 
 _TRANSFER_FIELDS: frozenset[str] = frozenset(getattr(KVTransferConfig, "__dataclass_fields__", ()))
@@ -148,7 +174,7 @@ def _takes_spec(cls: type[Any]) -> bool:
 
 def configured_fact(
     node: ConfiguredNode,
-    fact: StaticFact | SleepFact,
+    fact: StaticFact | ConfigFact,
     *,
     vllm_config: VllmConfig | None,
     transfer: KVTransferConfig | None = None,
@@ -158,9 +184,10 @@ def configured_fact(
 
     vLLM's own connector classes answer with vLLM's arguments: the layout from
     their ``kv_transfer_config``, piecewise CUDA graphs from their extra config,
-    sleep mode from their ``kv_transfer_config`` (``transfer``, else ``vllm_config``'s,
-    is the host's). A stack combines its children's answers by the fact's row of
-    :mod:`capkv.capabilities._table`.
+    the configuration-time facts (sleep mode, KV-cache access, lookahead hashes)
+    from their own ``kv_transfer_config`` (``transfer``, else ``vllm_config``'s, is
+    the host's); capkv's by class-level facts. A stack combines its children's
+    answers by the fact's row of :mod:`capkv.capabilities._table` (flags as ``int``).
     """
     if transfer is None and vllm_config is not None:
         transfer = vllm_config.kv_transfer_config
@@ -173,6 +200,11 @@ def configured_fact(
             return NEEDS_INSTANCE
         labelled = [(child_label(i, entry.cls.__name__), a) for i, (entry, a) in enumerate(zip(node.entries, answers), 1)]
         return combine(node.cls.__name__, fact, labelled)
+    if fact in CONFIG_FACTS:
+        answer = _vllm_config_fact(node, fact, transfer, inherit_role) if is_vllm_connector(node.cls) else (
+            class_answer(node.cls, fact)
+        )
+        return int(cast("int", answer)) if fact == ACCESS and answer is not NEEDS_INSTANCE else answer
     if is_vllm_connector(node.cls):
         if fact == LAYOUT and vllm_config is not None:
             child = child_vllm_config(vllm_config, node, inherit_role=inherit_role)
@@ -181,12 +213,24 @@ def configured_fact(
         if fact == PIECEWISE:
             piecewise: object = node.cls.requires_piecewise_for_cudagraph(dict(node.extra_config))
             return piecewise
-        if fact == SLEEP_MODE:
-            asked: Any = getattr(node.cls, SLEEP_MODE, None)
-            if asked is None:  # a vLLM release without sleep mode for connectors: nothing to refuse
-                return True
-            return bool(asked(child_transfer_config(transfer, node, inherit_role=inherit_role)))
         return NEEDS_INSTANCE
-    if fact == SLEEP_MODE:
-        return class_sleeps(node.cls)
     return class_fact(node.cls, fact)
+
+
+def _vllm_config_fact(
+    node: ConfiguredConnector, fact: ConfigFact, transfer: KVTransferConfig | None, inherit_role: bool
+) -> object:
+    """A vLLM class's own answer for its own entry (vLLM's factory asks KV-cache access, with its
+    per-name rules); a vLLM release without the member asks nothing: the base default."""
+    if getattr(node.cls, fact, None) is None:
+        return CONFIG_FACTS[fact]
+    child = child_transfer_config(transfer, node, inherit_role=inherit_role)
+    asked: Any = getattr(_factory(), fact) if fact == ACCESS else getattr(node.cls, fact)
+    answer: object = asked(child)
+    return answer
+
+
+def _factory() -> Any:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    return KVConnectorFactory

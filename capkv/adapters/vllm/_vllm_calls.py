@@ -204,10 +204,10 @@ class VllmOnlyMembers(KVConnectorBase_V1):
 
 
 def leaves(node: object) -> Iterable[object]:
-    """Every leaf of a stack, in order (out of dev mode's instrumentation)."""
+    """Every leaf of a stack, in order (out of dev mode's instrumentation; a stand-in for no child, none)."""
     node = _bare(node)
     if isinstance(node, StackNode):
         for child in node.children:
             yield from leaves(child)
-    else:
+    elif getattr(type(node), "capkv_no_leaves", False) is not True:
         yield node

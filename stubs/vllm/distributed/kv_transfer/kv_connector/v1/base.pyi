@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 
 from vllm.config import VllmConfig
-from vllm.config.kv_transfer import KVTransferConfig
+from vllm.config.kv_transfer import KVCacheAccess, KVTransferConfig
 from vllm.distributed.kv_events import KVCacheEvent, KVConnectorKVEvents
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.forward_context import ForwardContext
@@ -109,6 +109,7 @@ class KVConnectorBase_V1(ABC):
     @abstractmethod
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata: ...
     def on_new_request(self, request: Request) -> None: ...
+    def may_load_async(self, request: Request) -> bool: ...  # vLLM 0.34
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None: ...
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]: ...
     def register_finished_partial_tail(
@@ -119,6 +120,10 @@ class KVConnectorBase_V1(ABC):
     def has_pending_push_work(self) -> bool: ...
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: KVTransferConfig) -> bool: ...  # vLLM 0.33
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: KVTransferConfig) -> bool: ...  # vLLM 0.34
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: KVTransferConfig) -> KVCacheAccess: ...  # vLLM 0.34
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None: ...
     @classmethod
