@@ -16,7 +16,7 @@ from capkv._homes import publish
 from capkv.stores._backend import reads_slowly
 from capkv.stores._keys import PrefixHasher, RequestKeys
 from capkv.stores._metadata import SaveReport, StoreMetadata
-from capkv.stores._index_contract import BatchedStoreIndex, StoreIndex
+from capkv.stores._index_contract import StoreIndex
 from capkv.stores._scheduler import StoreScheduler
 from capkv.stores._worker import StoreWorker
 from capkv.contracts._arguments import require_instance
@@ -80,11 +80,9 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
         hasher = PrefixHasher(spec, namespace, owner=self._name)
         self._scheduler = StoreScheduler(spec, index, hasher, owner=self._name, load_async=reads_slowly(worker.backend))
         full = [i for i, group in enumerate(spec.groups) if group.sliding_window is None]
-        self._first_block: tuple[PrefixHasher, StoreIndex, int] | None = (
-            None if isinstance(index, BatchedStoreIndex) or not full else (hasher, index, full[0])
-        )
-        """What tells cheaply whether a request's first block is here: a full-attention group's (every hit
-        holds it) in a local index; ``None`` where no such lookup is cheap."""
+        self._first_block: tuple[PrefixHasher, StoreIndex, int] | None = (hasher, index, full[0]) if full else None
+        """What tells whether a request's first block is here: a full-attention group's (every hit holds it)
+        key, asked of the index; ``None`` with no such group (every request may then load)."""
         self._worker = worker
 
     @property
@@ -101,8 +99,8 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
 
     def may_load_async(self, request: ComputedTokenRequest, /) -> bool:
         """Whether a hit for ``request`` may load asynchronously (vLLM 0.34 asks each time the request enters
-        a waiting queue): a slow backend's store that may hold the request's first block — looked up in a
-        local index (one key), assumed where that is not cheap (a false yes only delays other loads)."""
+        a waiting queue): a slow backend's store that holds the request's first block — one key asked of the
+        index (a shared backend's: one ``contains`` of it, until the step's metadata is built)."""
         if not self._scheduler.load_async:
             return False
         first = self._first_block

@@ -149,3 +149,14 @@ def test_close_waits_for_a_load_in_flight() -> None:
     threading.Timer(0.2, backend.gate.set).start()
     engine.connector.close()
     assert backend.gate.is_set()
+
+
+def test_may_load_async_says_yes_only_for_a_request_whose_first_block_a_slow_store_holds() -> None:
+    """vLLM 0.34 asks each time a request enters a waiting queue: one key looked up in the local index."""
+    engine = _seeded(Gated())
+    store = engine.connector
+    assert store.may_load_async(Req("held", PROMPT + [1])) is True
+    assert store.may_load_async(Req("other", tokens(7, 100))) is False  # another prefix
+    assert store.may_load_async(Req("short", PROMPT[:16])) is False  # no whole block before the last token
+    fast = _seeded(MemoryBackend()).connector
+    assert fast.may_load_async(Req("held", PROMPT + [1])) is False  # a fast store loads synchronously

@@ -28,6 +28,7 @@ from capkv.adapters.vllm._carry import (
     attribute_load_errors,
     pass_output,
 )
+from capkv.adapters.vllm._hma_rule import check_vllm_connector, is_hma_vllm_connector
 from capkv.adapters.vllm._translate import to_vllm_output
 from capkv.composite._native import NativeCalls
 from capkv.contracts._engine import (
@@ -43,15 +44,13 @@ from capkv.contracts._engine import (
     SchedulerOutput,
     WorkerMetadata,
 )
-from capkv.errors import CapabilityError, ConfigError, ContractError
+from capkv.errors import ConfigError
 
 __all__ = [
     "ChildMetadata",
     "HMAVllmChild",
     "VllmChild",
-    "is_hma_vllm_connector",
     "wrap",
-    "wrap_configured",
 ]
 
 _V = TypeVar("_V", bound=KVConnectorBase_V1 | SupportsHMA, covariant=True)
@@ -79,19 +78,6 @@ class ChildMetadata:
     loads: Mapping[str, BlockIds]
 
 
-def is_hma_vllm_connector(connector: object) -> bool:
-    """vLLM's rule, nominally: the class derives from vLLM's ``SupportsHMA``.
-
-    vLLM's ``MultiConnector`` always does; its real answer is its sub-connectors' (as
-    vLLM decides it from the configured children), so they decide here too.
-    """
-    if not isinstance(connector, SupportsHMA):
-        return False
-    if isinstance(connector, VllmMultiConnector):
-        return all(is_hma_vllm_connector(child) for child in connector.sub_connectors)
-    return True
-
-
 class VllmChild(Generic[_V]):
     """A vLLM connector as a capkv :class:`~capkv.KVConnector` (not HMA-capable)."""
 
@@ -103,7 +89,7 @@ class VllmChild(Generic[_V]):
     ) -> Self:
         """Check the connector here, with errors that name it — also in dev mode, where
         beartype would otherwise refuse it first, by the type variable's bound, in ``__init__``."""
-        _check_connector(cls, connector)
+        check_vllm_connector(cls.__name__, connector, hma=issubclass(cls, HMAVllmChild))
         return super().__new__(cls)
 
     def __init__(  # pyright: ignore[reportInconsistentConstructor]  # __new__ takes anything, to refuse it by name
@@ -350,26 +336,6 @@ class HMAVllmChild(VllmChild[_HV]):
         return cast("SupportsHMA", self._inner).request_finished_all_groups(cast("Any", request), block_ids)
 
 
-def _check_connector(cls: type[Any], connector: object) -> None:
-    """A wrapper takes a vLLM connector; the HMA wrapper only a ``SupportsHMA`` one."""
-    if not isinstance(connector, KVConnectorBase_V1):
-        raise ContractError(
-            f"{cls.__name__}: expected a vLLM connector (a KVConnectorBase_V1), got "
-            f"{type(connector).__name__} {connector!r}",
-            connector=type(connector).__name__,
-            method="__init__",
-            value=connector,
-        )
-    if issubclass(cls, HMAVllmChild) and not is_hma_vllm_connector(connector):
-        raise CapabilityError(
-            f'{cls.__name__}: "{type(connector).__name__}" does not derive from vLLM\'s SupportsHMA '
-            "(or, for vLLM's MultiConnector, a sub-connector does not); wrap it with capkv.vllm.wrap",
-            connector=type(connector).__name__,
-            method="__init__",
-            value=connector,
-        )
-
-
 @overload
 def wrap(  # type: ignore[overload-overlap]  # vLLM's composite proves nothing: its children decide
     connector: VllmMultiConnector, /, *, vllm_config: VllmConfig | None = None, null_block_id: int = ...
@@ -398,16 +364,6 @@ def wrap(
     if is_hma_vllm_connector(connector):
         return HMAVllmChild[Any](connector, vllm_config=vllm_config, null_block_id=null_block_id)
     return VllmChild[Any](connector, vllm_config=vllm_config, null_block_id=null_block_id)
-
-
-def wrap_configured(
-    connector: object, cls: type[Any], *, vllm_config: VllmConfig | None, null_block_id: int
-) -> VllmChild[Any]:
-    """:func:`wrap`, answering vLLM's class-level calls from ``cls``, the class the connector was
-    configured as (vLLM asks the configured class; its constructor may hand back another object)."""
-    child: VllmChild[Any] = wrap(cast("Any", connector), vllm_config=vllm_config, null_block_id=null_block_id)
-    vars(child)["_cls"] = cls
-    return child
 
 
 publish(__name__, "capkv.vllm")

@@ -75,6 +75,8 @@ class MultiConnector(CapkvConnector, SupportsHMA):
         connectors: object = None if extra is None else extra.get("connectors")
         if isinstance(connectors, list) and not connectors and STACK_KEY not in (extra or {}):
             return None
+        if isinstance(connectors, list) and STACK_KEY not in (extra or {}):
+            extra = {**(extra or {}), "connectors": [_nested(entry) for entry in cast("list[object]", connectors)]}
         return load_hosted(drop_in_stack(extra))
 
     def _check_configured(self, configured: ConfiguredNode | None) -> None:
@@ -175,6 +177,21 @@ class _ChoiceView(MutableMapping[str, int]):
 
 _WHOLE_HIT = 1 << 62
 """A slice's tokens where they are not known (a choice set from outside): every token of the hit."""
+
+
+def _nested(entry: object) -> object:
+    """In vLLM's shape, a child named ``"MultiConnector"`` is a composite as vLLM builds one (its own
+    ``VllmConfig``, its own children): the drop-in again, built and served as one vLLM child."""
+    if not isinstance(entry, Mapping):
+        return entry
+    fields = cast("Mapping[str, object]", entry)
+    if fields.get("kv_connector") == DROP_IN and not fields.get("kv_connector_module_path"):
+        return {**fields, "kv_connector_module_path": _FRONT}
+    return fields
+
+
+_FRONT = "capkv.vllm"
+"""Where vLLM's factory finds the drop-in."""
 
 
 def _unwrapped(child: object) -> object:

@@ -51,7 +51,7 @@ __all__ = ["CapkvConnector", "CapkvHMAConnector"]
 _log = logging.getLogger("capkv.vllm")
 
 
-class CapkvConnector(ClassLevelMembers, WorkerMembers, StatsMembers, AsyncLoads):
+class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers):
     """A capkv stack inside vLLM, without HMA: vLLM turns its hybrid allocator off, so any stack serves."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:

@@ -18,7 +18,15 @@ from capkv.adapters.vllm._access import VllmKVCacheAccess
 from capkv.adapters.vllm._host_state import HostState
 from capkv.adapters.vllm._stack import child_vllm_config, configured_fact
 from capkv.adapters.vllm._stats import HostPromMetrics, rebuild_stats
-from capkv.capabilities._facts import ACCESS, LAYOUT, LOOKAHEAD, NEEDS_INSTANCE, PIECEWISE, SLEEP_MODE
+from capkv.capabilities._facts import (
+    ACCESS,
+    LAYOUT,
+    LOOKAHEAD,
+    NEEDS_INSTANCE,
+    PIECEWISE,
+    SLEEP_MODE,
+    ConfigFact,
+)
 from capkv.config._loader import ConfiguredConnector, ConfiguredNode, ConfiguredStack
 
 __all__ = ["ClassLevelMembers", "configured_leaves"]
@@ -51,13 +59,7 @@ class ClassLevelMembers(HostState):
         """Whether vLLM may sleep with this stack (vLLM 0.33 refuses ``enable_sleep_mode`` otherwise): every
         leaf can — a vLLM class by its own answer for its own entry, a capkv class by its class-level fact
         (:func:`capkv.capabilities._facts.class_sleeps`); no when a class cannot say. No child: yes."""
-        configured = cls._configured(kv_transfer_config.kv_connector_extra_config)
-        if configured is None:
-            return True
-        answer = configured_fact(
-            configured, SLEEP_MODE, vllm_config=None, transfer=kv_transfer_config, inherit_role=cls.INHERIT_ROLE
-        )
-        return answer is True
+        return cls._told(kv_transfer_config, SLEEP_MODE, True) is True
 
     @classmethod
     def kv_cache_access(cls, kv_transfer_config: KVTransferConfig) -> VllmKVCacheAccess:
@@ -65,25 +67,24 @@ class ClassLevelMembers(HostState):
         answer for its own entry, a capkv class's class-level ``kv_cache_access()`` (default: in-process).
         A leaf that answers only per instance: ``REGISTERS`` (one allocation per segment), which the
         built leaves are checked against at construction."""
-        configured = cls._configured(kv_transfer_config.kv_connector_extra_config)
-        if configured is None:
-            return VllmKVCacheAccess.IN_PROCESS
-        answer = configured_fact(
-            configured, ACCESS, vllm_config=None, transfer=kv_transfer_config, inherit_role=cls.INHERIT_ROLE
-        )
+        answer = cls._told(kv_transfer_config, ACCESS, 0)
         return VllmKVCacheAccess.REGISTERS if answer is NEEDS_INSTANCE else VllmKVCacheAccess(cast("int", answer))
 
     @classmethod
     def supports_lookahead_block_hashes(cls, kv_transfer_config: KVTransferConfig) -> bool:
         """Whether vLLM 0.34 may hash lookahead tokens' blocks: every leaf takes them (a vLLM class by its
         own answer, a capkv class by its class-level fact, default no), and there is at least one."""
+        return cls._told(kv_transfer_config, LOOKAHEAD, False) is True
+
+    @classmethod
+    def _told(cls, kv_transfer_config: KVTransferConfig, fact: ConfigFact, no_child: object) -> object:
+        """``fact`` for the configured stack, from its classes (``no_child`` for an empty one)."""
         configured = cls._configured(kv_transfer_config.kv_connector_extra_config)
         if configured is None:
-            return False
-        answer = configured_fact(
-            configured, LOOKAHEAD, vllm_config=None, transfer=kv_transfer_config, inherit_role=cls.INHERIT_ROLE
+            return no_child
+        return configured_fact(
+            configured, fact, vllm_config=None, transfer=kv_transfer_config, inherit_role=cls.INHERIT_ROLE
         )
-        return answer is True
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:

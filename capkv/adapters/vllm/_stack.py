@@ -19,7 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from capkv.adapters.vllm._carry import VLLM_NULL_BLOCK_ID
-from capkv.adapters.vllm._child import wrap_configured
+from capkv.adapters.vllm._child import VllmChild, wrap
 from capkv.adapters.vllm._names import resolve_vllm_name
 from capkv.capabilities._facts import (
     ACCESS,
@@ -148,6 +148,16 @@ def _wrap_vllm(leaf: ConfiguredConnector, engine: Engine) -> Any:
     return wrap_configured(built, leaf.cls, vllm_config=config, null_block_id=null)
 
 
+def wrap_configured(
+    connector: object, cls: type[Any], *, vllm_config: VllmConfig | None, null_block_id: int
+) -> VllmChild[Any]:
+    """:func:`~capkv.vllm.wrap`, answering vLLM's class-level calls from ``cls``, the class the connector was
+    configured as (vLLM asks the configured class; its constructor may hand back another object)."""
+    child: VllmChild[Any] = wrap(cast("Any", connector), vllm_config=vllm_config, null_block_id=null_block_id)
+    vars(child)["_cls"] = cls
+    return child
+
+
 def _guarded(leaf: ConfiguredConnector, make: Callable[[], Any]) -> Any:
     try:
         return make()
@@ -225,7 +235,7 @@ def _vllm_config_fact(
     if getattr(node.cls, fact, None) is None:
         return CONFIG_FACTS[fact]
     child = child_transfer_config(transfer, node, inherit_role=inherit_role)
-    asked: Any = getattr(_factory(), fact) if fact == ACCESS else getattr(node.cls, fact)
+    asked: Any = (getattr(_factory(), fact, None) if fact == ACCESS else None) or getattr(node.cls, fact)
     answer: object = asked(child)
     return answer
 
