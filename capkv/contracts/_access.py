@@ -1,8 +1,7 @@
 """How a connector reaches the engine's KV cache: :class:`KVCacheAccess`, a class-level fact.
 
-vLLM 0.34 allocates its KV cache by what the connectors say here (memory a NIC
-registers must come in one piece), so a composite answers every flag any child
-needs. The names and values are vLLM's own, so the answer crosses over by value.
+vLLM 0.34 allocates its KV cache by it (memory a NIC registers must come in one piece); the names and
+values are vLLM's, so the answer crosses over by value.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""vLLM's ``KVCacheAccess`` flags where the installed vLLM has them (0.34), else capkv's, of the same values.
+"""vLLM's ``KVCacheAccess`` where the installed vLLM has it (0.34), else capkv's of the same values.
 
-A host answers vLLM's ``kv_cache_access`` in vLLM's own type; on a vLLM before 0.34 no
-one asks, and capkv's :class:`~capkv.KVCacheAccess` stands in, so the host is one code
-base for every release.
+So a host answers in vLLM's own type, and is one code base for every release.
 """
 
 from __future__ import annotations

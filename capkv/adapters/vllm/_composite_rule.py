@@ -1,11 +1,7 @@
 """A vLLM member capkv does not know, answered by the installed vLLM's own composite rule over the leaves.
 
-When vLLM adds a member to its connector base, the same release's ``MultiConnector``
-defines how the children's answers combine. A host (or the drop-in) applies that very
-definition, with the stack's leaves as the composite's children: vLLM's connectors as
-they are, capkv's as stand-ins (:mod:`._stand_ins`). A class-level definition gets its
-arguments with the configured stack spelt as vLLM's ``connectors`` list of leaf
-entries; an instance-level one gets a view whose ``_connectors`` are the built leaves.
+vLLM's ``MultiConnector`` defines, in the release that adds a member, how the children's answers combine;
+applying that definition to the stack's leaves gives vLLM's answer on the day the release ships.
 """
 
 from __future__ import annotations

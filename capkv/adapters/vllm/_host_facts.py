@@ -1,11 +1,7 @@
 """vLLM 0.34's per-stack facts a host answers from its leaves: asynchronous loads, and what the classes told.
 
-vLLM asks ``may_load_async`` each time a request enters a waiting queue, so the host
-asks each leaf its own cheap answer (vLLM's base rule, the request's
-``do_remote_prefill``, for a leaf without one) and any leaf's yes is the stack's
-(the row of :mod:`capkv.capabilities._table`). KV-cache access and lookahead hashes
-are told from the classes before anything is built; a built leaf that answers per
-instance is checked against what its class told vLLM.
+vLLM asks ``may_load_async`` each time a request enters a waiting queue, and allocates its KV cache by what
+the classes told it: a built leaf must not need more.
 """
 
 from __future__ import annotations

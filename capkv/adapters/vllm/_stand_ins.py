@@ -1,11 +1,7 @@
 """capkv connectors as vLLM connectors, for vLLM's own composite rules only: a stand-in per capkv class.
 
-To answer a vLLM member capkv does not know, a host applies vLLM's ``MultiConnector``
-definition of it over the stack's leaves (:mod:`._composite_rule`). That definition asks
-each child as vLLM asks a connector: a class through vLLM's factory, by name and module
-path (this module: ``getattr(module, "package.module:Class")`` gives the stand-in), an
-instance by calling it. A stand-in answers a member by its capkv connector's own member
-where that has one, else by vLLM's base class.
+vLLM's rules ask a child class through its factory (by name and module path: this module) and a child
+instance directly; a stand-in answers by its capkv connector's own member, else vLLM's base.
 """
 
 from __future__ import annotations
