@@ -179,17 +179,20 @@ def _create(path: Path) -> int:
 
 
 def timed_rounds(
-    strategies: dict[str, Strategy], expected: int, *, first: int = 0
+    strategies: dict[str, Strategy], expected: int, *, first: int = 0, before: Callable[[], object] | None = None
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Each strategy run once, in turn from the ``first``-th (rotate it round by round: whichever runs
-    first meets another page cache): wall seconds and CPU seconds (the process's) per strategy. One that
-    moves other than ``expected`` bytes is refused (a baseline that moves less would look fast)."""
+    first meets another page cache), ``before`` each (untimed): wall seconds and CPU seconds (the process's)
+    per strategy. One that moves other than ``expected`` bytes is refused (a baseline that moves less would
+    look fast)."""
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}
     names = list(strategies)
     first %= len(names)
     for name in names[first:] + names[:first]:
         strategy = strategies[name]
+        if before is not None:
+            before()
         started, cpu_started = time.perf_counter(), time.process_time()
         moved = strategy()
         wall[name], cpu[name] = time.perf_counter() - started, time.process_time() - cpu_started

@@ -1,22 +1,20 @@
-"""RedisStoreConnector: save/load throughput against plain pipelined SET/GET, and the demo's run time.
+"""RedisStoreConnector against plain pipelined SET/GET of the same values, per model shape; and the demo's run time.
 
-1. Throughput. The connector's worker side saves ``--blocks`` blocks of the
-   demo model (gather from the paged KV cache, header and XXH3-128 checksum, pipelined SET
-   on the writer thread, until every save is reported over) and loads them
-   back (pipelined GET, checks, scatter into the paged KV cache). The baseline
-   sends the same bytes (gathered beforehand into host memory) to the same
-   server with redis-py's plain pipelined SET and GET (512 commands per round
-   trip, as the connector), nothing else. The copies out of and into the paged
-   cache are also timed alone, to show where the difference goes.
-   Goal: connector >= 0.8x the baseline, both ways.
-2. The engine's whole run. ``capkv demo`` on its default workload with the
-   stacks ``cpu`` (host pool), ``redis`` and ``cpu,redis``, each in a fresh
-   process against an empty server: the cold and warm runs' wall times as
-   the demo prints them, and then a second process's cold run (``redis`` only,
-   which loads the first process's prefixes from the server).
+1. Throughput, per ``--model`` preset (:mod:`capkv.engine._presets`, scaled to ``--mib`` in blocks, never in
+   value size). The connector's worker side saves one group's blocks (gather from the paged KV cache, header and
+   XXH3-128 checksum, pipelined SET on the writer thread, until every save is reported over) and loads them back
+   (pipelined GET, each value checked where it arrived and copied into its engine block). The baselines move the
+   same values with redis-py's pipelined SET and GET at several depths (:mod:`benchmarks._plain_redis`); a GET
+   baseline also copies each value into a CPU tensor, as a load must land it. The strategy with the lowest median
+   is the baseline, and ratios are per round (everything runs back to back each round). Goal (1B and 8B shapes):
+   >= 0.9x the best plain GET for loads, >= 0.8x the best plain SET for saves. Also printed: GET alone (values
+   left in ``bytes``: what the client hands the store) and the copies out of / into the paged cache alone.
+2. The engine's whole run (demo model): ``capkv demo`` on its default workload with the stacks ``cpu`` (host
+   pool), ``redis`` and ``cpu,redis``, each in a fresh process against an empty server, and a second process's
+   cold run (``redis`` only, which loads the first process's prefixes from the server).
 
-Starts its own ``redis-server`` on a free loopback port (no persistence)
-unless ``--url`` is given. Run: ``python -m benchmarks.redis_store [--blocks N] [--rounds R]``.
+Starts its own ``redis-server`` on a free loopback port (no persistence) unless ``--url`` is given.
+Run: ``python -m benchmarks.redis_store [--model demo llama-1b llama-8b | all] [--mib 128] [--rounds 5] [--skip-demo]``.
 """
 
 from __future__ import annotations
@@ -24,40 +22,44 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
+from benchmarks._models import add_model_argument, chosen_models, engine_heap, spread
+from benchmarks._plain_io import best_strategy, timed_rounds
+from benchmarks._plain_redis import RedisServer, get_alone, get_strategies, set_strategies
 from capkv.connectors import RedisStoreConnector
-from capkv.stores._value import row_memory as tensor_memory
+from capkv.engine._kv_cache import PagedKVCache
+from capkv.engine._presets import ModelPreset
 from capkv.stores._keys import BlockKey
 from capkv.stores._metadata import BlockMove, StoreMetadata
-from capkv.engine import ModelShape
-from capkv.engine._kv_cache import PagedKVCache
-
-PIPELINE = 512
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=None, help="an existing server (default: start one)")
-    parser.add_argument("--blocks", type=int, default=1024, help="blocks per round (default: 1024)")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds; the median is reported (default: 5)")
+    add_model_argument(parser, default=["demo", "llama-1b", "llama-8b"])
+    parser.add_argument("--mib", type=int, default=128, help="MiB of values per round and preset (default: 128)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; medians are reported (default: 5)")
     parser.add_argument("--skip-demo", action="store_true", help="throughput only")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, as the demo (default: 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    with server(args.url) as url:
+    with RedisServer(args.url) as url:
         print(f"server: {url}   CPU cores: {len(os.sched_getaffinity(0))}")
-        throughput(url, args.blocks, args.rounds)
+        found = [throughput(url, preset, blocks_for(preset, args.mib << 20), args.rounds) for preset in chosen_models(args)]
+        if len(found) > 1:
+            print("\nsummary: connector / best plain baseline, median of the rounds' ratios (the baseline in brackets)")
+            for figures in found:
+                print(f"  {figures.preset.name:<11} save {statistics.median(figures.ratios('save')):.2f}x "
+                      f"[{figures.winner('save')}]   load {statistics.median(figures.ratios('load')):.2f}x "
+                      f"[{figures.winner('load')}]")
         if not args.skip_demo:
             whole_run(url)
     return 0
@@ -66,88 +68,103 @@ def main() -> int:
 # ---- 1. throughput -------------------------------------------------------------------------
 
 
-def throughput(url: str, count: int, rounds: int) -> None:
+def blocks_for(preset: ModelPreset, budget: int) -> int:
+    """Blocks of one group whose values make ``budget`` bytes: at least 8."""
+    return max(8, budget // preset.value_nbytes())
+
+
+@dataclass
+class Figures:
+    """One preset's rounds: the connector's seconds and every plain strategy's, per round."""
+
+    preset: ModelPreset
+    nbytes: int
+    """Bytes of values moved each way per round."""
+    rounds: list[dict[str, float]]
+
+    def winner(self, way: str) -> str:
+        """The plain strategy with the lowest median: pipelined SETs for saves, GETs landed in a tensor for loads."""
+        prefix = "SET," if way == "save" else "GET,"
+        return best_strategy([{k: v for k, v in r.items() if k.startswith(prefix)} for r in self.rounds])
+
+    def ratios(self, way: str) -> list[float]:
+        winner = self.winner(way)
+        return [r[winner] / r[way] for r in self.rounds]
+
+    def rate(self, name: str) -> float:
+        return self.nbytes / statistics.median(r[name] for r in self.rounds) / 1e9
+
+
+def throughput(url: str, preset: ModelPreset, count: int, rounds: int) -> Figures:
     import redis
 
-    shape = ModelShape()
+    shape = preset.shape(num_blocks=count + 1)
     spec = shape.kv_spec()
     cache = PagedKVCache(shape)
     torch.manual_seed(0)
     for tensor in cache.tensors.values():
         tensor.view(torch.int16).random_(-30000, 30000)
     group = 0
-    ids = [1 + i % (shape.num_blocks - 1) for i in range(count)]
-    client = redis.Redis.from_url(url, socket_timeout=30)
-    with RedisStoreConnector(spec, url=url, namespace="bench", timeout_s=30) as store:
+    ids = list(range(1, count + 1))
+    client = redis.Redis.from_url(url, socket_timeout=60)
+    with RedisStoreConnector(spec, url=url, namespace="bench", timeout_s=60.0) as store, engine_heap():
         store.register_kv_caches(dict(cache.tensors))
         worker = store._store
-        nbytes = _block_nbytes(store, group)
-        print(f"\nthroughput: {count} blocks of {nbytes / 1024:.0f} KiB ({count * nbytes / 1e6:.1f} MB) per round, "
-              f"median of {rounds} rounds")
         copier = worker.copier("benchmark")
+        nbytes = copier.block_nbytes(group)
         host = copier.host_rows(count, nbytes)
-        results: dict[str, list[float]] = {k: [] for k in ("save", "load", "SET", "GET", "gather", "scatter")}
+        destination = torch.ones(count * nbytes, dtype=torch.uint8)
+        names = [b"plain:%d" % i for i in range(count)]
+        sets = set_strategies(client, names, host.view(-1), nbytes)
+        plain = {**get_strategies(client, names, destination, nbytes),
+                 "GET alone (values left in bytes)": get_alone(client, names),
+                 "gather": lambda: (copier.gather(group, ids, host).wait(), count * nbytes)[1],
+                 "scatter": lambda: (copier.scatter(group, ids, host).wait(), count * nbytes)[1]}
+        results: list[dict[str, float]] = []
         for round_ in range(rounds):
             client.flushall()
             keys = tuple(BlockKey(group, os.urandom(16)) for _ in range(count))
             chunks = [slice(i, i + 64) for i in range(0, count, 64)]  # 64-block requests, as finished requests come
             saves = tuple(BlockMove(f"r{round_}-{j}", group, tuple(ids[c]), keys[c], (0,) * len(ids[c])) for j, c in enumerate(chunks))
             loads = tuple(BlockMove(f"l{round_}-{j}", group, tuple(ids[c]), keys[c], (0,) * len(ids[c])) for j, c in enumerate(chunks))
-            results["save"].append(_timed(lambda: (worker.save(StoreMetadata(saves=saves)), worker.flush())))
+            timed = {"save": _timed(lambda: (worker.save(StoreMetadata(saves=saves)), worker.flush()))}
             report = worker.report()
             if report is None or report.failed or len(report.stored) != count:
                 raise SystemExit(f"saves failed in the benchmark: {report}")
-            results["load"].append(_timed(lambda: worker.load(StoreMetadata(loads=loads, step=round_ + 1))))
+            timed["load"] = _timed(lambda: worker.load(StoreMetadata(loads=loads, step=round_ + 1)))
             errors = worker.take_load_errors()
             if errors:
                 raise SystemExit(f"load errors in the benchmark: {errors}")
-            # The same bytes, already in host memory: what the connector copies out of the paged cache.
-            results["gather"].append(_timed(lambda: copier.gather(group, ids, host).wait()))
-            payloads = [tensor_memory(host[i]) for i in range(count)]
-            names = [b"plain:%d:%d" % (round_, i) for i in range(count)]
-            results["SET"].append(_timed(lambda: _plain_set(client, names, payloads)))
-            results["GET"].append(_timed(lambda: _plain_get(client, names, nbytes)))
-            distinct = list(dict.fromkeys(ids))
-            results["scatter"].append(_timed(lambda: copier.scatter(group, distinct, host[: len(distinct)]).wait()))
+            copier.gather(group, ids, host).wait()  # the same bytes, in host memory, for the plain SETs
+            # Each plain SET writes new keys, as the connector's save does (overwriting a value reuses its memory).
+            stored, _ = timed_rounds(sets, count * nbytes, first=round_, before=lambda: client.delete(*names))
+            wall, _ = timed_rounds(plain, count * nbytes, first=round_)  # the last SET's values
+            results.append({**timed, **stored, **wall})
     client.close()
-    rate = {k: count * nbytes / statistics.median(v) / 1e9 for k, v in results.items()}
-    for way, plain in (("save", "SET"), ("load", "GET")):
-        ratios = sorted(p / c for c, p in zip(results[way], results[plain], strict=True))  # time ratio, per round
-        print(f"  connector {way}  {rate[way]:6.2f} GB/s   plain pipelined {plain} {rate[plain]:6.2f} GB/s   "
-              f"ratio {statistics.median(ratios):.2f}x (median of the rounds' ratios; "
-              f"range {ratios[0]:.2f}-{ratios[-1]:.2f})")
-    print("  (goal: >= 0.80x both ways; each round runs all measurements in turn, so a busy machine "
-          "slows them alike)")
-    print(f"  of which the copies out of / into the paged KV cache alone: gather {rate['gather']:.2f} GB/s, "
-          f"scatter {rate['scatter']:.2f} GB/s (the baseline's bytes are already in host memory)")
+    figures = Figures(preset, count * nbytes, results)
+    _report(figures, count, rounds)
+    return figures
 
 
-def _block_nbytes(store: RedisStoreConnector, group: int) -> int:
-    return store._store.copier("benchmark").block_nbytes(group)
+def _report(figures: Figures, count: int, rounds: int) -> None:
+    print(f"\n{figures.preset.describe()}")
+    print(f"  {count} values ({figures.nbytes / 1e6:.0f} MB) each way per round, {rounds} rounds; ratios per round (median, range)")
+    for way, goal in (("save", 0.8), ("load", 0.9)):
+        winner = figures.winner(way)
+        print(f"  connector {way}  {figures.rate(way):6.2f} GB/s   best plain {figures.rate(winner):6.2f} GB/s ({winner})   "
+              f"ratio {spread(figures.ratios(way))}  (goal >= {goal})")
+    print(f"  references: GET alone (values left in bytes) {figures.rate('GET alone (values left in bytes)'):.2f} GB/s; "
+          f"copies out of / into the paged KV cache alone: gather {figures.rate('gather'):.2f} GB/s, "
+          f"scatter {figures.rate('scatter'):.2f} GB/s")
+    depths = ", ".join(f"{name.split(',')[0]} {name.split(',')[1].removesuffix(' a round trip').strip()} {figures.rate(name):.2f}"
+                       for name in figures.rounds[0] if name.startswith(("SET,", "GET,")))
+    print(f"  plain strategies by commands or bytes a round trip (GB/s, medians): {depths}")
 
 
 def _timed(action: Callable[[], object]) -> float:
     started = time.perf_counter()
     action()
     return time.perf_counter() - started
-
-
-def _plain_set(client: object, names: list[bytes], payloads: list[memoryview]) -> None:
-    for start in range(0, len(names), PIPELINE):
-        pipe = client.pipeline(transaction=False)  # type: ignore[attr-defined]
-        for i in range(start, min(start + PIPELINE, len(names))):
-            pipe.set(names[i], payloads[i])
-        pipe.execute()
-
-
-def _plain_get(client: object, names: list[bytes], nbytes: int) -> None:
-    for start in range(0, len(names), PIPELINE):
-        pipe = client.pipeline(transaction=False)  # type: ignore[attr-defined]
-        for i in range(start, min(start + PIPELINE, len(names))):
-            pipe.get(names[i])
-        values = pipe.execute()
-        if any(v is None or len(v) != nbytes for v in values):
-            raise SystemExit("plain GET returned a wrong value")
 
 
 # ---- 2. the engine's whole run ----------------------------------------------------------------
@@ -185,54 +202,6 @@ def whole_run(url: str) -> None:
             print(f"  (second process, cold run: group-0 prefix hits {hits.group(1) if hits else '?'} "
                   "= local + loaded from Redis)")
     client.close()
-
-
-# ---- the server ---------------------------------------------------------------------------------
-
-
-class server:
-    """``url`` as given, or a fresh redis-server on a free loopback port, stopped afterwards."""
-
-    def __init__(self, url: str | None) -> None:
-        self.url = url
-        self.process: subprocess.Popen[bytes] | None = None
-        self.directory: str | None = None
-
-    def __enter__(self) -> str:
-        if self.url is not None:
-            return self.url
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("redis-server is not installed (apt-get install redis-server), or pass --url")
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        self.directory = tempfile.mkdtemp(prefix="capkv-redis-bench-")
-        self.process = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.directory, "--logfile", str(Path(self.directory) / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("redis-server did not start")
-            time.sleep(0.05)
-        return f"redis://127.0.0.1:{port}"
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

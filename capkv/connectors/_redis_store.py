@@ -74,7 +74,7 @@ class RedisBackend:
         return [isinstance(length, int) and length == key.nbytes for key, length in zip(keys, lengths, strict=True)]
 
     def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
-        values = self.kv.get([self.names(key) for key in keys])
+        values = self.kv.get([self.names(key) for key in keys], [key.nbytes for key in keys])
         return [value if isinstance(value, bytes) else None for value in values]
 
     def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> list[bool]:

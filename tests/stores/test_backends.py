@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Sequence
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from capkv import CapkvError, KVSpec
 from capkv.stores import Backend, MemoryBackend, StoreConnector, StoreKey
+from capkv.stores._staging import StagingRing
 from capkv.testing import assert_conformant
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine
@@ -115,3 +118,70 @@ def test_a_damaged_value_from_a_get_only_backend_never_reaches_the_engines_block
         "the damaged value was copied in"
     )
     assert sum(map(len, run.loaded.values())) == 7  # checked bit for bit by the engine
+
+
+class _Tracked(bytearray):
+    """A value whose life a test can watch (a ``bytes`` cannot be weakly referenced)."""
+
+
+class _ChunkedGets(MemoryBackend):
+    """Records each ``get``'s size and how many values of earlier ``get``s were still held when it came;
+    ``fail_after`` gets, every later one raises."""
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+        self.held: list[int] = []
+        self.fail_after = fail_after
+        self._given: list[weakref.ref[_Tracked]] = []
+
+    def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
+        gc.collect()
+        self.held.append(sum(ref() is not None for ref in self._given))
+        self.sizes.append(len(keys))
+        if self.fail_after is not None and len(self.sizes) > self.fail_after:
+            raise ConnectionError("backend down")
+        values = [None if value is None else _Tracked(value) for value in super().get(keys)]
+        self._given += [weakref.ref(value) for value in values if value is not None]
+        return values  # type: ignore[return-value]  # bytearrays: bytes-like, as the contract allows
+
+
+def _two_blocks_a_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(StagingRing, "rows_per_chunk", lambda self, row_nbytes: 2)
+
+
+def test_a_get_only_backend_is_asked_chunk_by_chunk_and_a_chunks_values_go_before_the_next_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step's values are never all held at once (an 8B-shaped step is hundreds of MiB, page-faulted afresh
+    on every load when they are): one ``get`` per chunk, and at most one earlier value still held."""
+    spec = make_spec(WINDOWED, num_blocks=64)
+    backend = _ChunkedGets()
+    writer = MiniEngine(spec, StoreConnector(spec, backend))
+    writer.run("seed", PROMPT)
+    writer.connector.flush()
+    _two_blocks_a_chunk(monkeypatch)
+    backend.sizes.clear()
+    backend.held.clear()
+    run = MiniEngine(spec, StoreConnector(spec, backend), seed=1).run("again", [*PROMPT, 1])
+    assert sum(map(len, run.loaded.values())) == 8 and not run.load_errors  # checked bit for bit by the engine
+    assert backend.sizes == [2, 2, 2, 2], backend.sizes
+    assert max(backend.held) <= 1, backend.held
+
+
+def test_a_get_that_raises_mid_step_fails_the_blocks_not_read_yet_and_keeps_those_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = make_spec(WINDOWED, num_blocks=64)
+    backend = _ChunkedGets()
+    writer = MiniEngine(spec, StoreConnector(spec, backend))
+    writer.run("seed", PROMPT)
+    writer.connector.flush()
+    _two_blocks_a_chunk(monkeypatch)
+    backend.fail_after = len(backend.sizes) + 1  # the step's first chunk is read, the others raise
+    reader = MiniEngine(spec, StoreConnector(spec, backend), seed=1)
+    run = reader.run("again", [*PROMPT, 1])
+    assert sum(map(len, run.loaded.values())) == 2 and sum(map(len, run.load_errors.values())) == 6
+    assert backend.sizes[-1] == 2 and len(backend.sizes) == backend.fail_after + 1  # no get after the one that raised
+    with pytest.raises(ConnectionError):
+        reader.connector.flush()
