@@ -15,7 +15,7 @@ import torch
 from capkv.contracts._spec import KVGroupSpec, KVSpec
 from capkv.transfer._copier import BlockCopier
 
-__all__ = ["Timing", "TransferFigures", "measure_transfer"]
+__all__ = ["Timing", "TransferCase", "TransferFigures", "measure_transfer", "transfer_case"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,24 @@ class TransferFigures:
         return self.nbytes / timing.best / 1e9
 
 
-def measure_transfer(
+@dataclass(frozen=True, eq=False)
+class TransferCase:
+    """One measurement's buffers and operations: a paged cache of twice the blocks moved, the ids moved (a
+    random half), host rows, and a contiguous buffer on each side for the baseline copies."""
+
+    copier: BlockCopier
+    ids: list[int]
+    rows: torch.Tensor
+    host: torch.Tensor
+    """Contiguous, on the host (pinned on CUDA): the baseline copies' host side."""
+    on_device: torch.Tensor
+    """Contiguous, on the KV cache's device: the baseline copies' other side."""
+    block_nbytes: int
+    operations: dict[str, Callable[[], object]]
+    """``contiguous_out`` (device -> host), ``contiguous_in``, ``gather``, ``scatter``: each runs once, finished."""
+
+
+def transfer_case(
     block_size: int,
     *,
     device: torch.device,
@@ -67,18 +84,17 @@ def measure_transfer(
     head_dim: int = 128,
     dtype: torch.dtype = torch.float16,
     nbytes: int = 128 << 20,
-    rounds: int = 15,
     seed: int = 0,
-) -> TransferFigures:
-    """Time gather, scatter and the two contiguous copies, interleaved round by round.
+) -> TransferCase:
+    """The buffers and operations :func:`measure_transfer` times.
 
     The cache uses vLLM's flash-attention layout, ``(2, num_blocks, block_size,
     kv_heads, head_dim)`` per layer (K and V runs per block), and has twice as
-    many blocks as are moved, so the ids are a random half of the pool.
+    many blocks as are moved (2 at least: a real model's large blocks are fewer, never smaller).
     """
     itemsize = dtype.itemsize
     block_nbytes = layers * 2 * block_size * kv_heads * head_dim * itemsize
-    moved = max(1, nbytes // block_nbytes)
+    moved = max(2, nbytes // block_nbytes)
     pool = 2 * moved
     shape = (2, pool, block_size, kv_heads, head_dim)
     names = tuple(f"layer.{i}" for i in range(layers))
@@ -95,32 +111,54 @@ def measure_transfer(
     host = copier.host_rows(1, moved * block_nbytes)[0]
     host.fill_(2)
     on_device = torch.full((moved * block_nbytes,), 3, dtype=torch.uint8, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else _nothing
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else _nothing
+
+    def finished(operation: Callable[[], object]) -> Callable[[], object]:
+        return lambda: (operation(), synchronize())
 
     operations: dict[str, Callable[[], object]] = {
-        "contiguous_out": lambda: host.copy_(on_device, non_blocking=True),
-        "contiguous_in": lambda: on_device.copy_(host, non_blocking=True),
-        "gather": lambda: copier.gather(0, ids, rows).wait(),
-        "scatter": lambda: copier.scatter(0, ids, rows).wait(),
+        # Host to host (CPU), both directions are the same copy; two buffers, so neither is cache-warm.
+        "contiguous_out": finished(lambda: host.copy_(on_device, non_blocking=device.type == "cuda")),
+        "contiguous_in": finished(lambda: on_device.copy_(host, non_blocking=device.type == "cuda")),
+        "gather": finished(lambda: copier.gather(0, ids, rows).wait()),
+        "scatter": finished(lambda: copier.scatter(0, ids, rows).wait()),
     }
-    if device.type == "cpu":
-        # Host to host, both directions are the same copy; keep two sources so neither is cache-warm.
-        operations["contiguous_out"] = lambda: host.copy_(on_device)
-        operations["contiguous_in"] = lambda: on_device.copy_(host)
-    times: dict[str, list[float]] = {name: [] for name in operations}
+    return TransferCase(copier, ids, rows, host, on_device, block_nbytes, operations)
+
+
+def measure_transfer(
+    block_size: int,
+    *,
+    device: torch.device,
+    layers: int = 8,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    dtype: torch.dtype = torch.float16,
+    nbytes: int = 128 << 20,
+    rounds: int = 15,
+    seed: int = 0,
+) -> TransferFigures:
+    """Time gather, scatter and the two contiguous copies of :func:`transfer_case`, interleaved round by round
+    (the first round warms up: page faults, kernels, pinned pages)."""
+    case = transfer_case(
+        block_size, device=device, layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
+        nbytes=nbytes, seed=seed,
+    )
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else _nothing
+    times: dict[str, list[float]] = {name: [] for name in case.operations}
     for round_index in range(rounds + 1):
-        for name, operation in operations.items():
-            sync()
+        for name, operation in case.operations.items():
+            synchronize()
             start = time.perf_counter()
             operation()
-            sync()
-            if round_index:  # the first round warms up (page faults, kernels, pinned pages)
+            if round_index:
                 times[name].append(time.perf_counter() - start)
     timings = {name: Timing(min(values), statistics.median(values)) for name, values in times.items()}
+    moved = len(case.ids)
     return TransferFigures(
         block_size=block_size,
         num_blocks=moved,
-        nbytes=moved * block_nbytes,
+        nbytes=moved * case.block_nbytes,
         contiguous_out=timings["contiguous_out"],
         contiguous_in=timings["contiguous_in"],
         gather=timings["gather"],
