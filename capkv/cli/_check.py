@@ -15,6 +15,7 @@ from capkv.capabilities._hma import supports_hma
 from capkv.capabilities._serving import require_hma
 from capkv.cli._host_check import host_lines, host_problems, load_hosted_file
 from capkv.cli._stack_tree import Findings, Inspected, inspect_stack, tree_lines, walk
+from capkv.cli._vllm_facts import vllm_fact_line
 from capkv.cli._vllm_judge import Verdict, build_as_vllm, judge, sleep_mode_asked, vllm_loads
 from capkv.config._build import call_user_code
 from capkv.config._hosts import host_entry
@@ -110,6 +111,7 @@ def _run_vllm(data: dict[str, object], args: argparse.Namespace) -> int:
             print(line)
         for line in host_lines(hosted, configured):
             print(line)
+        _print_vllm_facts(configured)
     if judgement.verdict is Verdict.REFUSED:
         _error(judgement.reason)
         return 2
@@ -124,6 +126,15 @@ def _run_vllm(data: dict[str, object], args: argparse.Namespace) -> int:
         print(judgement.sleep)
     print(("ok: " if judgement.verdict is Verdict.HMA_ON else "") + judgement.reason)
     return 0 if judgement.verdict is Verdict.HMA_ON else 1
+
+
+def _print_vllm_facts(configured: ConfiguredNode) -> None:
+    try:
+        line = vllm_fact_line(configured)
+    except Exception as exc:  # noqa: BLE001 (a vLLM class's own code: reported, the check goes on)
+        line = f"vLLM 0.34 is told nothing here: {type(exc).__name__}: {exc}"
+    if line is not None:
+        print(line)
 
 
 def _sleep_mode(data: dict[str, object], args: argparse.Namespace) -> bool:

@@ -48,7 +48,7 @@ MISSING = _missing() if VLLM_ERROR is None else []
 if MISSING and VLLM_ERROR is None and os.environ.get("CAPKV_REQUIRE_VLLM") == "1":
     raise RuntimeError(f"CAPKV_REQUIRE_VLLM=1 but vLLM's tests are not in place ({MISSING}): run python -m tests.v1.fetch")
 
-collect_ignore = ["fetch.py", "wheel_env.py"] + (["kv_connector"] if VLLM_ERROR is not None or MISSING else [])
+collect_ignore = ["fetch.py", "wheel_env.py", "newest.py"] + (["kv_connector"] if VLLM_ERROR is not None or MISSING else [])
 
 
 def pytest_report_header() -> str:

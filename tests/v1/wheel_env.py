@@ -87,10 +87,13 @@ def _cpu_torch() -> str:
     return torch.__version__
 
 
-def install(release: str) -> None:
-    if release not in WHEELS:
+def install(release: str, wheel_sha256: str | None = None) -> None:
+    """Install ``release``: one of :data:`WHEELS`, or (``wheel_sha256``: the digest the index gives, as
+    ``tests.v1.newest`` passes it) a release not listed yet, keeping its Triton as 0.34 needs."""
+    if release not in WHEELS and wheel_sha256 is None:
         raise SystemExit(f"no wheel known for vLLM {release} (known: {', '.join(WHEELS)})")
-    filename, digest = WHEELS[release]
+    filename, digest = WHEELS.get(release, (f"vllm-{release}-cp38-abi3-manylinux_2_28_x86_64.whl", wheel_sha256 or ""))
+    keep = KEPT.get(release, frozenset() if release in WHEELS else frozenset({"triton"}))
     torch_version = _cpu_torch()
     with tempfile.TemporaryDirectory() as tmp:
         _pip("download", "--quiet", "--no-deps", "--dest", tmp, f"vllm=={release}")
@@ -102,16 +105,17 @@ def install(release: str) -> None:
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text(f"torch=={torch_version}\n")
         _pip("install", "--quiet", "--no-deps", str(wheel))
-        _pip("install", "--quiet", "--constraint", str(constraints), *requirements(metadata, KEPT.get(release, frozenset())))
+        _pip("install", "--quiet", "--constraint", str(constraints), *requirements(metadata, keep))
     if _cpu_torch() != torch_version:
         raise SystemExit("torch changed while vLLM's requirements were installed")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("release", choices=sorted(WHEELS))
+    parser.add_argument("release", help=f"known: {', '.join(sorted(WHEELS))}")
+    parser.add_argument("--wheel-sha256", help="a release not listed here: its x86_64 wheel's SHA-256")
     args = parser.parse_args(argv)
-    install(args.release)
+    install(args.release, args.wheel_sha256)
     print(f"vLLM {args.release} installed from its wheel, without its GPU stack (torch {_cpu_torch()})")
     return 0
 

@@ -7,6 +7,7 @@ with vLLM's MultiConnector need vLLM 0.34 (the ``vllm34`` tox environment).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -173,3 +174,14 @@ def test_nixl_push_is_the_class_vllms_factory_builds() -> None:
     cuda_push = KVTransferConfig(kv_connector="MultiConnector", kv_connector_module_path="capkv.vllm",
                                  kv_role="kv_both", kv_connector_extra_config={"connectors": NIXL[:1]})
     assert MultiConnector.kv_cache_access(cuda_push) == A.REGISTERS | A.EXPORTS_FABRIC
+
+
+@needs_034
+def test_capkv_check_prints_what_vllm_is_told(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from capkv.cli import main
+
+    config = tmp_path / "stack.json"
+    config.write_text(json.dumps({"kv_connector": "MultiConnector", "kv_connector_module_path": "capkv.vllm",
+                                  "kv_role": "kv_both", "kv_connector_extra_config": {"connectors": NIXL[:1]}}))
+    main(["check", str(config)])
+    assert "vLLM 0.34 is told: KV-cache access REGISTERS|EXPORTS_FABRIC; lookahead block hashes yes" in capsys.readouterr().out
