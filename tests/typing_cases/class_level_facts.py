@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing_extensions import assert_type
 
-from capkv import KVConnector, KVConnectorBase, MultiConnector, Request, class_level
+from capkv import KVCacheAccess, KVConnector, KVConnectorBase, MultiConnector, Request, class_level
 from tests.typing_cases._connectors import Disk, Offload
 
 
@@ -44,6 +44,24 @@ class WrongType(Disk):
         return "one"
 
 
+class Exporting(Offload):
+    """What vLLM 0.34 is told before it allocates the KV cache: flags, and lookahead hashes."""
+
+    @class_level
+    def kv_cache_access(cls) -> KVCacheAccess:
+        return KVCacheAccess.REGISTERS | KVCacheAccess.EXPORTS_FD
+
+    @class_level
+    def supports_lookahead_block_hashes(cls) -> bool:
+        return True
+
+
+class WrongAccess(Disk):
+    @class_level
+    def kv_cache_access(cls) -> bool:  # expect-error
+        return True
+
+
 def needs_connector(connector: KVConnector[Request]) -> None: ...
 
 
@@ -56,3 +74,6 @@ assert_type(ClassLevel().get_required_kvcache_layout(), str | None)
 assert_type(BackToClassLevel(2).get_finished_count(), int | None)
 assert_type(ClassLevel().requires_piecewise_for_cudagraph(), bool)
 ClassLevel().get_required_kvcache_layout("x")  # expect-error
+needs_connector(Exporting())
+assert_type(Exporting().kv_cache_access(), KVCacheAccess)
+assert_type(ClassLevel().supports_lookahead_block_hashes(), bool)
