@@ -64,9 +64,13 @@ class BlockTables:
 
     # ---- lookup ----------------------------------------------------------------
 
+    def hit_limit(self, request: Request) -> int:
+        """The longest hit the engine takes for ``request``: whole blocks of every group, one token left to compute."""
+        return self._align(request.num_tokens - 1)
+
     def find_local_hit(self, request: Request) -> LocalHit:
         """The longest cached prefix (at least one prompt token is left to compute)."""
-        length = self._align(request.num_tokens - 1)
+        length = self.hit_limit(request)
         while True:
             found = [self._group_hit(request, group, length) for group in self.groups]
             shortest = self._align(min(tokens for tokens, _ in found))

@@ -13,7 +13,8 @@ from capkv.capabilities._hma import describe
 from capkv.capabilities._serving import finish_request
 from capkv.contracts._connector import KVConnector
 from capkv.contracts._engine import KVConnectorOutput, KVTransferParams
-from capkv.engine._block_tables import BlockTables, LocalHit
+from capkv.engine._block_tables import BlockTables
+from capkv.engine._hit_counts import count_failed_load, count_hits
 from capkv.engine._model import ModelShape
 from capkv.engine._outputs import (
     CachedRequestData,
@@ -225,7 +226,7 @@ class Scheduler:
             return "full"
         self.connector.update_state_after_alloc(request, self.tables.block_ids(request), external)
         request.num_computed_tokens = hit.num_tokens + external
-        self._count_hits(request, hit, external)
+        count_hits(self.stats, self.shape, self.tables, request, hit, external)
         if external == 0:
             return "ok"
         self._pending_checks[request.request_id] = LoadCheck(hit.num_tokens, hit.num_tokens + external)
@@ -239,25 +240,6 @@ class Scheduler:
             request, start, request.num_tokens, self.tables.block_ids(request),
             self._pending_checks.pop(request.request_id, None),
         )
-
-    def _count_hits(self, request: Request, hit: LocalHit, external: int) -> None:
-        self.stats.local_hit_tokens += hit.num_tokens
-        self.stats.external_hit_tokens += external
-        null = self.tables.pool.null_block_id
-        for group, table in zip(self.shape.groups, self.tables.block_ids(request), strict=True):
-            counts = self.stats.groups[group.index]
-            size = group.block_size
-            for index, block in enumerate(table):
-                if block == null:
-                    continue
-                first, last = index * size, (index + 1) * size
-                local = max(0, min(last, hit.num_tokens) - first)
-                loaded = max(0, min(last, hit.num_tokens + external) - max(first, hit.num_tokens))
-                counts.local_hit_tokens += local
-                counts.loaded_tokens += loaded
-                if loaded:
-                    counts.loaded_blocks += 1
-                    counts.loaded_bytes += self.shape.block_bytes(group) * len(group.layer_names)
 
     # ---- results -------------------------------------------------------------------
 
@@ -296,6 +278,9 @@ class Scheduler:
         if not any(invalid.values()):
             return {}
         self.stats.load_error_blocks += sum(len(ids) for ids in invalid.values())
+        for group, ids in invalid.items():
+            if 0 <= group < len(self.stats.groups):
+                self.stats.groups[group].load_error_blocks += len(ids)
         loading = [(s.request, s.load_check) for s in output.scheduled if s.load_check is not None]
         loading += [(r, self._pending_checks[r.request_id]) for r in self.waiting if r.request_id in self._pending_checks]
         self._check_load_errors(invalid, loading)
@@ -305,6 +290,7 @@ class Scheduler:
             if first is None:
                 continue
             rollback[request.request_id] = first
+            count_failed_load(self.stats, self.shape, self.tables, request, check, first)
             request.num_computed_tokens = min(request.num_computed_tokens, first)
             if request.request_id in self._pending_checks:
                 self._pending_checks[request.request_id] = LoadCheck(check.start, first)

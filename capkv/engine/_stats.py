@@ -1,6 +1,7 @@
 """What the engine counts while serving: prefix hits per group, bytes loaded, time in transfers.
 
-Counted from the engine's side of the contract, so they are available for any connector.
+Counted from the engine's side of the contract, so they are available for any connector; a load
+reported failed is recomputed, and counted as failed, not loaded.
 """
 
 from __future__ import annotations
@@ -28,10 +29,15 @@ class GroupStats:
     local_hit_tokens: int = 0
     """Tokens served from blocks already in the paged cache."""
     loaded_tokens: int = 0
-    """Tokens in blocks a connector loaded."""
+    """Tokens in blocks a connector loaded: offered, and not reported failed (nor after a failed block)."""
     loaded_blocks: int = 0
     loaded_bytes: int = 0
     """Bytes of the loaded blocks, over every layer of the group."""
+    load_error_blocks: int = 0
+    """Blocks of this group the connector reported failed (``get_block_ids_with_load_errors``)."""
+    failed_load_tokens: int = 0
+    """Tokens a connector offered to load in this group that the engine recomputed: from a request's first
+    failed block on, in every group."""
 
 
 @dataclass
@@ -51,8 +57,14 @@ class EngineStats:
     local_hit_tokens: int = 0
     """Prompt tokens covered by local prefix-cache hits (all groups agree on the length)."""
     external_hit_tokens: int = 0
-    """Prompt tokens connectors offered to load (``num_external_tokens``)."""
+    """Prompt tokens connectors offered to load (``num_external_tokens``), whether the loads landed or not."""
+    failed_load_tokens: int = 0
+    """Of those, tokens whose load failed: the engine recomputed them (see :attr:`loaded_hit_tokens`)."""
+    hit_limit_tokens: int = 0
+    """Prompt tokens hits could have covered: per request admitted, the longest hit the engine takes (whole
+    blocks, one token left to compute) — what a connector holding every block of every prompt would spare."""
     load_error_blocks: int = 0
+    """Blocks connectors reported failed, over every group."""
     kv_events: int = 0
     transfer_seconds: float = 0.0
     """Wall time inside the connector calls that may copy KV: ``start_load_kv``,
@@ -68,7 +80,13 @@ class EngineStats:
 
     @property
     def loaded_bytes(self) -> int:
+        """Bytes of the blocks connectors loaded (loads that landed), over every group."""
         return sum(g.loaded_bytes for g in self.groups)
+
+    @property
+    def loaded_hit_tokens(self) -> int:
+        """Prompt tokens connectors loaded: offered (:attr:`external_hit_tokens`), less those whose load failed."""
+        return self.external_hit_tokens - self.failed_load_tokens
 
     def connector_total(self, counter: str) -> int | None:
         """``counter`` summed over the connectors' statistics of every step (``None``: no statistics at all).

@@ -212,6 +212,25 @@ def test_reported_load_errors_are_recomputed_not_flagged(load_async: bool) -> No
     assert engine.stats.requests_finished == WORKLOAD.num_requests
 
 
+@pytest.mark.parametrize("load_async", [False, True])
+def test_loads_count_only_where_they_landed(load_async: bool) -> None:
+    """A load reported failed is recomputed: counted as failed, in tokens, blocks and bytes, never as loaded."""
+    clean = cold_then_warm(SHAPE, BlockStore(SHAPE.kv_spec(), load_async=load_async)).stats
+    failing = cold_then_warm(SHAPE, FailingLoads(SHAPE.kv_spec(), load_async=load_async)).stats
+    assert failing.external_hit_tokens == clean.external_hit_tokens == WORKLOAD.num_requests * 80  # offered alike
+    # Each warm request's last loaded block (tokens 64..80) fails in every group: it resumes from token 64.
+    assert failing.failed_load_tokens == WORKLOAD.num_requests * 16
+    assert failing.loaded_hit_tokens == WORKLOAD.num_requests * 64
+    assert [g.load_error_blocks for g in failing.groups] == [WORKLOAD.num_requests] * 3
+    for ok, bad, group in zip(clean.groups, failing.groups, SHAPE.groups, strict=True):
+        assert bad.failed_load_tokens == WORKLOAD.num_requests * 16
+        assert bad.loaded_tokens == ok.loaded_tokens - bad.failed_load_tokens
+        assert bad.loaded_blocks == ok.loaded_blocks - WORKLOAD.num_requests
+        assert bad.loaded_bytes == bad.loaded_blocks * SHAPE.block_bytes(group) * len(group.layer_names)
+    assert clean.failed_load_tokens == clean.load_error_blocks == 0
+    assert clean.hit_limit_tokens == WORKLOAD.num_requests * 80  # 90-token prompts: 5 whole blocks of 16
+
+
 def test_corruption_after_loading_is_caught_when_the_request_finishes() -> None:
     class ScribblesOnFinish(BlockStore):
         def request_finished_all_groups(self, request: Request, block_ids: Any, /) -> Any:
