@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from capkv.errors import ContractError
+from capkv.engine._diagnosis import explain
+from capkv.errors import CapkvError, ContractError
 from capkv.stores._backend import Backend, ReadsInto, ReadsIntoParts, StoreKey
+from capkv.stores._causes import backend_fault
 from capkv.stores._keys import BlockKey
 from capkv.stores._metadata import BlockMove
 from capkv.stores._staging import StagingRing
-from capkv.stores._value import HEADER_SIZE, ValueCheck, check_bytes, check_memory, check_part
+from capkv.stores._value import HEADER_SIZE, ValueCheck, check_bytes, check_memory, check_part, why_damaged
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
     import capkv.transfer._copier
@@ -39,9 +41,12 @@ class Chunk:
 
 class LoadOutcome:
     """What a step's loads did: per group the blocks that failed, the requests they belong to, the
-    values to delete (damaged), the values lost (damaged or absent), what a backend raised, and counts."""
+    values to delete (damaged), the values lost (damaged or absent), what a backend raised, the first
+    failure's cause in words, and counts."""
 
-    __slots__ = ("damaged", "errors", "failed_requests", "handles", "loaded", "loaded_bytes", "lost", "read_failure")
+    __slots__ = (
+        "cause", "damaged", "errors", "failed_requests", "handles", "loaded", "loaded_bytes", "lost", "read_failure",
+    )
 
     def __init__(self) -> None:
         self.errors: dict[int, set[int]] = {}
@@ -52,7 +57,16 @@ class LoadOutcome:
         self.loaded = 0
         self.loaded_bytes = 0
         self.read_failure: Exception | None = None
+        self.cause: tuple[str, str] | None = None
+        """The first value that failed: its kind (``"absent"``, ``"damaged"``) and why, in words."""
         self.handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
+
+    def why(self) -> tuple[str, str]:
+        """The kind of the first failure and its cause in words: what was raised (the backend's fault,
+        noted with its member), else the first value that failed."""
+        if self.read_failure is not None:
+            return "raised", explain(self.read_failure)
+        return self.cause if self.cause is not None else ("unknown", "no cause recorded")
 
 
 def plan_chunks(
@@ -102,7 +116,9 @@ def load_chunks(
         results = check_memory(memory, size, chunk.keys, lengths)
         good = [index for index, result in enumerate(results) if result is ValueCheck.OK]
         if len(good) != count:
-            _tally_failures(chunk, results, outcome)
+            _tally_failures(chunk, results, outcome, lambda i: why_damaged(
+                chunk.keys[i], lengths[i], memory[i * size : i * size + HEADER_SIZE]
+            ), reads.member)
         if good:
             payloads = (rows if len(good) == count else rows[good])[:, HEADER_SIZE:]
             handle = copier.scatter(chunk.group, [chunk.block_ids[i] for i in good], payloads)
@@ -124,17 +140,26 @@ def _load_in_place(
     for chunk in chunks:
         keys += chunk.keys
         parts += cast("list[list[memoryview]]", copier.block_memory(chunk.group, chunk.block_ids))  # on the CPU
-    results = _read_checked(reads, keys, memoryview(bytearray(len(keys) * HEADER_SIZE)), parts)
+    headers = memoryview(bytearray(len(keys) * HEADER_SIZE))
+    results, lengths = _read_checked(reads, keys, headers, parts)
     start = 0
     for chunk in chunks:
         count = len(chunk.keys)
         mine = results[start : start + count]
-        start += count
         good = sum(result is ValueCheck.OK for result in mine)
         if good != count:
-            _tally_failures(chunk, mine, outcome)
+            _tally_failures(chunk, mine, outcome, _why_in_place(keys, lengths, headers, start), "get_into_parts")
+        start += count
         outcome.loaded += good
         outcome.loaded_bytes += good * copier.block_nbytes(chunk.group)
+
+
+def _why_in_place(keys: list[StoreKey], lengths: list[int | None], headers: memoryview, first: int) -> Callable[[int], str]:
+    """Why value ``first + i`` of an in-place read is damaged (its header aside, its length as read)."""
+    def why(index: int) -> str:
+        at = first + index
+        return why_damaged(keys[at], lengths[at], headers[at * HEADER_SIZE : (at + 1) * HEADER_SIZE])
+    return why
 
 
 def _load_from_values(
@@ -157,7 +182,9 @@ def _load_from_values(
                 start = end
             good += 1
         if good != len(results):
-            _tally_failures(chunk, results, outcome)
+            _tally_failures(chunk, results, outcome, lambda i: why_damaged(
+                chunk.keys[i], len(values[i]) if results[i] is not ValueCheck.ABSENT else None, values[i]
+            ), "get")
         outcome.loaded += good
         outcome.loaded_bytes += good * copier.block_nbytes(chunk.group)
         values.clear()  # the chunk's values go before the next chunk's come
@@ -165,9 +192,10 @@ def _load_from_values(
 
 def _read_checked(
     reads: _Reads, keys: list[StoreKey], headers: memoryview, parts: list[list[memoryview]]
-) -> list[ValueCheck]:
+) -> tuple[list[ValueCheck], list[int | None]]:
     """Read ``keys`` in place, each value checked as it lands (in the CPU's cache); a value the read's
-    final answer reports otherwise (a miss after a later fault, another length) is judged by that answer."""
+    final answer reports otherwise (a miss after a later fault, another length) is judged by that answer.
+    The verdicts, and the read's answers (the lengths read)."""
     early: dict[int, tuple[int, ValueCheck]] = {}
 
     def landed(index: int, length: int) -> None:
@@ -181,14 +209,26 @@ def _read_checked(
             results.append(checked[1])
         else:
             results.append(check_part(headers, index, keys[index], length, parts[index]))
-    return results
+    return results, lengths
 
 
-def _tally_failures(chunk: Chunk, results: list[ValueCheck], outcome: LoadOutcome) -> None:
+def _tally_failures(
+    chunk: Chunk, results: list[ValueCheck], outcome: LoadOutcome, why: Callable[[int], str], member: str
+) -> None:
+    """Record ``chunk``'s values that failed; the first failure's cause (``why(index)``, for a damaged value)
+    when none is recorded yet."""
     failed = outcome.errors.setdefault(chunk.group, set())
     for index, result in enumerate(results):
         if result is ValueCheck.OK:
             continue
+        if outcome.cause is None and outcome.read_failure is None:
+            outcome.cause = (
+                ("absent", f"a value the store had found was absent when read (the backend's {member} answered "
+                 f"none for group {chunk.group}, digest {chunk.keys[index].digest.hex()[:12]})")
+                if result is ValueCheck.ABSENT
+                else ("damaged", f"a value read back was damaged and is deleted (the backend's {member} answered "
+                      f"for group {chunk.group}, digest {chunk.keys[index].digest.hex()[:12]}: {why(index)})")
+            )
         failed.add(chunk.block_ids[index])
         outcome.failed_requests.add(chunk.requests[index])
         if outcome.read_failure is None:  # a read that raised says nothing about the value
@@ -222,12 +262,20 @@ class _Reads:
             values = list(self._backend.get(keys))
             check_answers(self._owner, "get", values, keys)
         except Exception as error:  # noqa: BLE001 (a backend fault is this step's load error)
-            self._fail(error)
+            self._fail(error, "get")
             return None
         return values
 
-    def _fail(self, error: Exception) -> None:
-        error.__traceback__ = None
+    @property
+    def member(self) -> str:
+        """The backend's member a load into the store's rows reads with."""
+        return "get_into" if self._into else "get"
+
+    def _fail(self, error: Exception, member: str) -> None:
+        if isinstance(error, CapkvError):  # capkv's finding about the answer: it says so itself
+            error.__traceback__ = None
+        else:
+            backend_fault(error, member)
         self._outcome.read_failure = error
 
     def into_parts(
@@ -250,7 +298,7 @@ class _Reads:
             lengths = list(read())
             check_answers(self._owner, method, lengths, keys)
         except Exception as error:  # noqa: BLE001 (a backend fault is this step's load error)
-            self._fail(error)
+            self._fail(error, method)
             return [None] * len(keys)
         return [length if type(length) is int else None for length in lengths]
 

@@ -30,6 +30,7 @@ __all__ = [
     "check_value",
     "check_values",
     "pack_header",
+    "why_damaged",
     "row_memory",
     "seal_values",
     "unpack_header",
@@ -154,6 +155,29 @@ def _verdict(
     identity = block_identity(block, layout)
     actual = checksum(memoryview(payload), identity) if isinstance(payload, memoryview) else checksum_parts(payload, identity)
     return ValueCheck.OK if stored == actual else ValueCheck.DAMAGED
+
+
+def why_damaged(key: StoreKey, length: int | None, header: bytes | bytearray | memoryview) -> str:
+    """In words, why a value read under ``key`` (``length`` bytes, its header first in ``header``) is not
+    ``key``'s: the first field that does not match, the checksum last. For a message, after a failed check."""
+    if length is None:
+        return "absent"
+    claims = unpack_header(header) if length >= HEADER_SIZE else None
+    if claims is not None and claims.key != key.block:
+        return (
+            f"another block's value: its header names group {claims.key.group}, digest {claims.key.digest.hex()[:12]}; "
+            f"the key is group {key.group}, digest {key.digest.hex()[:12]}"
+            + ("" if length == key.nbytes else f" (and it is {length} bytes long, not {key.nbytes})")
+        )
+    if length != key.nbytes:
+        return f"{length} bytes long, not the {key.nbytes} of its value (cut short or padded)"
+    if claims is None:
+        return "not a capkv value of this format (its header's magic, version or flags)"
+    if claims.layout != key.layout:
+        return "a value of another layout or shard (its header's layout fingerprint)"
+    if claims.length != key.nbytes - HEADER_SIZE:
+        return f"its header claims {claims.length} payload bytes, not {key.nbytes - HEADER_SIZE}"
+    return "its payload is not the one saved (the checksum does not match)"
 
 
 def check_value(value: bytes | bytearray | memoryview | None, key: StoreKey) -> ValueCheck:

@@ -19,6 +19,7 @@ from capkv.stores._loading import LoadOutcome, load_chunks, plan_chunks
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
 from capkv.stores._reader import BackgroundLoads
 from capkv.stores._staging import RowCache, StagingRing
+from capkv.stores._causes import LoadFailureLog, backend_fault
 from capkv.stores._failures import raise_failures
 from capkv.stores._gathering import gather_checksummed
 from capkv.stores._fingerprint import layout_fingerprints
@@ -77,6 +78,7 @@ class StoreWorker:
         self._layout_news: tuple[bytes, ...] | None = None
         """The layout fingerprint per group, not yet reported (see ``SaveReport.layout``)."""
         self._read_failures: list[BaseException] = []
+        self._failure_log = LoadFailureLog(owner)
         self._closed = False
         self.damaged_values: int = 0
         """Values that failed their checks at load time (deleted from the backend)."""
@@ -197,6 +199,7 @@ class StoreWorker:
         """Take in what a load did: its load errors, failures, lost and damaged values, counts."""
         for group, failed in outcome.errors.items():
             self._errors.setdefault(group, set()).update(failed)
+        self._failure_log.failed(outcome.errors, outcome.why)
         if outcome.read_failure is not None:
             self._read_failures.append(outcome.read_failure)
         self.damaged_values += len(outcome.damaged)
@@ -234,8 +237,7 @@ class StoreWorker:
         try:
             self._backend.delete(keys)
         except Exception as error:  # noqa: BLE001 (it is found damaged again next time)
-            error.__traceback__ = None
-            self._read_failures.append(error)
+            self._read_failures.append(backend_fault(error, "delete"))
 
     # ---- saves -------------------------------------------------------------------------------
 

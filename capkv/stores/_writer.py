@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, cast
 
 from capkv.errors import ContractError
 from capkv.stores._backend import StoreKey
+from capkv.stores._causes import backend_fault
 from capkv.stores._keys import BlockKey
 from capkv.stores._value import seal_values
 
@@ -208,7 +209,7 @@ class Writer:
                     connector=self._owner, method="put", value=len(answers),
                 )
         except BaseException as error:  # noqa: BLE001
-            self._keep(error)
+            self._keep(error if isinstance(error, ContractError) else backend_fault(error, "put"))
             for job in jobs:
                 job.land(job.keys, put=True)
         else:
@@ -222,7 +223,7 @@ class Writer:
         try:
             self._delete(item.keys)
         except BaseException as error:  # noqa: BLE001
-            self._keep(error)
+            self._keep(backend_fault(error, "delete"))
         finally:
             self._done([item])
 

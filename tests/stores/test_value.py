@@ -11,7 +11,16 @@ import torch
 from capkv.stores import StoreKey
 from capkv.stores._checksum import CHECKSUM_SIZE, block_identity, checksum, payload_checksums
 from capkv.stores._keys import BlockKey
-from capkv.stores._value import HEADER_SIZE, ValueCheck, check_value, check_values, pack_header, row_memory, seal_values
+from capkv.stores._value import (
+    HEADER_SIZE,
+    ValueCheck,
+    check_value,
+    check_values,
+    pack_header,
+    row_memory,
+    seal_values,
+    why_damaged,
+)
 
 KEY = BlockKey(1, bytes(range(16)))
 LAYOUT = b"L" * 16
@@ -130,3 +139,24 @@ def test_checksums_of_rows_inside_wider_rows_are_the_payloads_own() -> None:
     generator = torch.Generator().manual_seed(2)
     rows = torch.randint(0, 256, (3, HEADER_SIZE + 2048), dtype=torch.uint8, generator=generator)
     assert _sums(rows[:, HEADER_SIZE:]) == _sums(rows[:, HEADER_SIZE:].contiguous())
+
+
+@pytest.mark.parametrize(
+    ("stored", "why"),
+    [
+        (None, "absent"),
+        (value(BlockKey(2, b"o" * 16)), "another block's value: its header names group 2, digest 6f6f6f6f6f6f; "
+                                        "the key is group 1, digest 000102030405"),
+        (value(BlockKey(0, b"o" * 16), payload=PAYLOAD[:100]), "another block's value: its header names group 0"),
+        (value()[:-1], f"{STORE_KEY.nbytes - 1} bytes long, not the {STORE_KEY.nbytes} of its value (cut short or padded)"),
+        (b"\0" * STORE_KEY.nbytes, "not a capkv value of this format"),
+        (value(layout=b"M" * 16), "a value of another layout or shard"),
+        (value()[:HEADER_SIZE] + bytes(4096), "its payload is not the one saved (the checksum does not match)"),
+    ],
+)
+def test_why_a_value_is_damaged_is_said_in_words(stored: bytes | None, why: str) -> None:
+    """The first field that does not match, for the warning a failed load logs (another key's value first:
+    it has another length when it is another group's)."""
+    length = None if stored is None else len(stored)
+    assert why_damaged(STORE_KEY, length, stored or b"").startswith(why)
+    assert check(stored) is not ValueCheck.OK
