@@ -1,13 +1,13 @@
 """The conformance kit: serve a connector through the reference engine and report what held.
 
 Every layout and placement that connectors get wrong, cold then warm, verified bit for bit; an early free is
-told apart from wrong bytes (docs/internals.md, "The conformance kit").
+told apart from wrong bytes (docs/internals.md, "The conformance kit"); judged by what
+landed (:mod:`capkv.testing._findings`).
 """
 
 from __future__ import annotations
 
 import math
-import traceback
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,10 +26,11 @@ from capkv.contracts._tiers import loads_slices
 from capkv.devmode._mode import dev_mode
 from capkv.engine._engine import Engine
 from capkv.engine._model import ModelShape
-from capkv.engine._stats import EngineStats
 from capkv.engine._verify import VerificationError
 from capkv.engine._workload import Workload
-from capkv.errors import CapkvError, ConfigError
+from capkv.errors import ConfigError
+from capkv.engine._diagnosis import LoggedCauses
+from capkv.testing._findings import ALONE, BEHIND, FIRST, SECOND, Served, explain, judge
 from capkv.testing._layouts import DEFAULT_LAYOUTS, DEFAULT_WORKLOAD, describe_layout
 from capkv.testing._report import ConformanceFailure, ConformanceReport, ScenarioResult
 
@@ -38,11 +39,7 @@ __all__ = ["ConformanceFactory", "assert_conformant", "check_connector"]
 ConformanceFactory = Callable[[KVSpec], KVConnector[Any]]
 """Builds a fresh connector, with empty storage, for the engine's KV cache."""
 
-_ALONE = "alone"
-_FIRST = "first in Multi(yours, CPUOffload)"
-_SECOND = "second in Multi(CPUOffload, yours)"
-_BEHIND = "behind a front tier: Multi(CPUOffload's first part, yours)"
-_LOADS_FIRST = (_ALONE, _FIRST)
+_ALONE, _FIRST, _SECOND, _BEHIND = ALONE, FIRST, SECOND, BEHIND
 _IDLE_STEPS = 3
 """Idle engine steps between the cold and the warm run: worker reports reach the scheduler side."""
 
@@ -81,8 +78,11 @@ def check_connector(
 
     ``factory(spec)`` must return a fresh connector with empty storage each call.
     A connector that is not HMA-capable is served on the 1-group layouts only.
-    ``require_loads``: the warm run must load through the connector in every
-    group (turn it off for connectors that store nothing). ``dev`` runs the
+    Every hit the connector offers must load (a load error fails the scenario,
+    naming the group, the count and the first cause the connector logged or raised).
+    ``require_loads``: the warm run's hits must cover every prompt token that a
+    store holding every block the cold run computed covers, and a first tier must
+    load in every group (turn it off only for a connector that stores nothing). ``dev`` runs the
     engine in dev mode (every block id and KV tensor handed over is checked).
     ``transfer_timeout_s`` bounds how long the engine waits for a transfer the
     connector started. ``threads``: torch's intra-op threads while serving
@@ -104,7 +104,7 @@ def check_connector(
             try:
                 probe = factory(shape.kv_spec())
             except Exception as error:  # the author's code: any failure is a finding
-                results.append(_failed(layout, _ALONE, shape, workload, f"the factory raised {_explain(error)}"))
+                results.append(_failed(layout, _ALONE, shape, workload, f"the factory raised {explain(error)}"))
                 continue
             name, hma = describe(probe), supports_hma(probe)
             if not hma and len(shape.groups) > 1:
@@ -136,7 +136,7 @@ def _scenario(
 ) -> ScenarioResult:
     layout = describe_layout(shape)
     try:
-        cold, warm, yours = _serve(factory, shape, placement, options, connector, scrub=True)
+        served = _serve(factory, shape, placement, options, connector, scrub=True)
     except _Failed as failure:
         message = failure.message
         if failure.verification and _passes_unscrubbed(factory, shape, placement, options):
@@ -147,30 +147,11 @@ def _scenario(
                 "only once every copy from its blocks is done (or finish copies in wait_for_save)"
             )
         return _failed(layout, placement, shape, options.workload, message)
-    loaded = tuple(g.loaded_tokens for g in warm.groups)
-    result = ScenarioResult(
-        layout, placement, tuple(g.loaded_tokens for g in cold.groups), loaded, warm.prompt_tokens
+    verdict = judge(served, placement, require_loads=options.require_loads, head=_head(shape, options.workload))
+    return ScenarioResult(
+        layout, placement, tuple(g.loaded_tokens for g in served.cold.groups),
+        tuple(g.loaded_tokens for g in served.warm.groups), served.warm.prompt_tokens, verdict,
     )
-    empty = [index for index, tokens in enumerate(loaded) if tokens == 0]
-    if options.require_loads and placement == _BEHIND and not yours:
-        return ScenarioResult(
-            result.layout, result.placement, result.cold_loaded_tokens, loaded, result.warm_prompt_tokens,
-            "the warm run loaded nothing through the connector behind a front tier that offers only the first "
-            f"{_head(shape, options.workload)} tokens of each prefix, though the connector says it loads slices "
-            "(loads_slices() is True): asked get_num_new_matched_tokens(request, n) beyond the engine's local hit, it "
-            "must offer what it holds from token n on (the tokens before n are loaded by the tier in front)",
-        )
-    if options.require_loads and placement in _LOADS_FIRST and empty:
-        return ScenarioResult(
-            result.layout, result.placement, result.cold_loaded_tokens, loaded, result.warm_prompt_tokens,
-            f"the warm run loaded nothing in group(s) {empty} (tokens loaded per group: {list(loaded)}), though "
-            "the cold run offered every prompt to the connector. Likely causes: saves still in flight when the "
-            "warm run began (pass before_warm=, e.g. FileStoreConnector.flush); a sliding-window group's hit of L "
-            "tokens needs the blocks holding tokens L-window+1 .. L-1, which a store that saves only when a "
-            "request finishes no longer has (save blocks as they fill); a connector that stores nothing "
-            "(pass require_loads=False)",
-        )
-    return result
 
 
 def _serve(
@@ -181,46 +162,56 @@ def _serve(
     connector: KVConnector[Any] | None,
     *,
     scrub: bool,
-) -> tuple[EngineStats, EngineStats, int]:
-    """Cold and warm runs: the engine's statistics of each, and the tokens the warm run loaded from the
-    author's connector when it sits in a stack."""
-    spec = shape.kv_spec()
-    try:
-        connector = connector if connector is not None else factory(spec)
-        stack = _place(connector, spec, placement, _head(shape, options.workload))
-    except Exception as error:  # the author's code
-        raise _Failed(f"building the connector failed: {_explain(error)}") from error
-    phase = "before serving"
-    try:
-        with dev_mode(True if options.dev else None):
-            engine = Engine(shape, stack, transfer_timeout_s=options.transfer_timeout_s, scrub_released_blocks=scrub)
-        phase = "cold run"
-        engine.run(options.workload.requests("cold"))
-        cold = engine.stats.snapshot()
-        phase = "between the runs"
-        if options.before_warm is not None:
-            options.before_warm(connector)
-        for _ in range(_IDLE_STEPS):
-            engine.step()
-        engine.stats.reset()
-        engine.reset_prefix_cache()
-        phase = "warm run"
-        before = _loaded_by_children(engine.connector)
-        engine.run(options.workload.requests("warm"))
-        warm = engine.stats.snapshot()
-        after = _loaded_by_children(engine.connector)
-        phase = "shutdown"
-        engine.shutdown()
-    except VerificationError as error:
-        _shutdown_quietly(stack)
-        raise _Failed(f"{phase}: {_mismatch(error)}", verification=True) from error
-    except Exception as error:  # the author's code, or the engine refusing it
-        if phase != "shutdown":
+) -> Served:
+    """Cold and warm runs: the engine's statistics of each, the tokens the warm run loaded from the
+    author's connector when it sits in a stack, the first cause it logged, and what shutting down raised."""
+    with LoggedCauses() as causes:
+        spec = shape.kv_spec()
+        try:
+            connector = connector if connector is not None else factory(spec)
+            stack = _place(connector, spec, placement, _head(shape, options.workload))
+        except Exception as error:  # the author's code
+            raise _Failed(f"building the connector failed: {explain(error)}") from error
+        phase = "before serving"
+        try:
+            with dev_mode(True if options.dev else None):
+                engine = Engine(shape, stack, transfer_timeout_s=options.transfer_timeout_s, scrub_released_blocks=scrub)
+            phase = "cold run"
+            engine.run(options.workload.requests("cold"))
+            cold = engine.stats.snapshot()
+            phase = "between the runs"
+            raised: list[str] = []
+            if options.before_warm is not None:
+                try:
+                    options.before_warm(connector)
+                except Exception as error:  # noqa: BLE001 - a finding (a store raising its kept failures), judged with the runs
+                    raised.append(f"before_warm raised {explain(error)}")
+            for _ in range(_IDLE_STEPS):
+                engine.step()
+            engine.stats.reset()
+            engine.reset_prefix_cache()
+            phase, logged = "warm run", len(causes.messages)
+            before = _loaded_by_children(engine.connector)
+            engine.run(options.workload.requests("warm"))
+            warm = engine.stats.snapshot()
+            after = _loaded_by_children(engine.connector)
+        except VerificationError as error:
             _shutdown_quietly(stack)
-        raise _Failed(f"{phase}: {_explain(error)}") from error
+            raise _Failed(f"{phase}: {_mismatch(error)}{_logged(causes)}", verification=True) from error
+        except Exception as error:  # the author's code, or the engine refusing it
+            _shutdown_quietly(stack)
+            raise _Failed(f"{phase}: {explain(error)}{_logged(causes)}") from error
+        try:
+            engine.shutdown()
+        except Exception as error:  # noqa: BLE001 - a finding, judged with the runs
+            raised.append(f"shutdown raised {explain(error)}")
     position = 0 if placement == _FIRST else 1
     yours = after[position] - before[position] if len(after) > position else 0
-    return cold, warm, yours
+    return Served(cold, warm, yours, (causes.first(0, logged), causes.first(logged)), tuple(raised))
+
+
+def _logged(causes: LoggedCauses) -> str:
+    return f"; the first warning logged: {causes.messages[0]}" if causes.messages else ""
 
 
 def _loaded_by_children(stack: object) -> tuple[int, ...]:
@@ -282,18 +273,6 @@ def _mismatch(error: VerificationError) -> str:
             "group's blocks through group 0's table, fails this way"
         )
     return f"wrong KV in group {mismatch.group}: {mismatch.describe()}; {why}"
-
-
-def _explain(error: BaseException) -> str:
-    """``Type: message``, and where it was raised when it is not one of capkv's own errors."""
-    text = f"{type(error).__name__}: {error}"
-    if isinstance(error, CapkvError):
-        return text
-    frames = traceback.extract_tb(error.__traceback__)
-    if frames:
-        last = frames[-1]
-        text += f" (at {last.filename}:{last.lineno}, in {last.name})"
-    return text
 
 
 def _failed(layout: str, placement: str, shape: ModelShape, workload: Workload, message: str) -> ScenarioResult:
