@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail_line(f"refused before serving: cannot allocate the KV cache: {type(error).__name__}: {error}")
         out.write(f"check_stack: ok, the stack serves all {len(shape.groups)} KV-cache groups\n\n")
         try:
-            return serve(out, engine, workload, stack)
+            return serve(out, engine, workload, stack, tiered=args.tiered)
         except (CapkvError, OSError) as error:
             out.write("\n")
             return _fail(error, "stopped while serving")

@@ -26,6 +26,8 @@ class RunSummary:
     """Tokens loaded from each of the stack's children in this run (empty when the stack is one connector)."""
     promoted: tuple[int, ...] = ()
     """Tokens loaded from later children that each child was asked to save in this run."""
+    first_cause: str = ""
+    """The first warning logged during this run (a store says why a load failed)."""
 
 
 @runtime_checkable
@@ -88,6 +90,12 @@ def print_summary(out: TextStream, engine: Engine, runs: list[RunSummary]) -> No
             f"prefix-hit tokens, group {group.index} ({kind})",
             [f"{r.stats.groups[group.index].local_hit_tokens:,} + {r.stats.groups[group.index].loaded_tokens:,}" for r in runs],
         ))
+    rows += [
+        ("hit tokens offered / possible", [
+            f"{r.stats.local_hit_tokens + r.stats.external_hit_tokens:,} / {r.stats.hit_limit_tokens:,}" for r in runs
+        ]),
+        ("load errors: blocks / tokens", [f"{r.stats.load_error_blocks:,} / {r.stats.failed_load_tokens:,}" for r in runs]),
+    ]
     tiers = engine.connector if isinstance(engine.connector, Tiered) else None
     if tiers is not None:
         labels = [f"#{i} {describe(child)}" for i, child in enumerate(getattr(tiers, "children", ()), start=1)]
@@ -108,9 +116,17 @@ def print_summary(out: TextStream, engine: Engine, runs: list[RunSummary]) -> No
     out.write(f"summary  {'':<{label_width - 7}}" + "".join(f"  {r.label:>{w}}" for r, w in zip(runs, widths, strict=True)) + "\n")
     for label, values in rows:
         out.write(f"  {label:<{label_width}}" + "".join(f"  {v:>{w}}" for v, w in zip(values, widths, strict=True)) + "\n")
-    out.write("  (prefix-hit tokens: local prefix cache + loaded through the stack)\n")
+    out.write("  (prefix-hit tokens: local prefix cache + loaded through the stack, loads that landed only)\n")
+    out.write(
+        "  (hit tokens offered / possible: local and offered by the stack / what one store holding every block "
+        "would let the engine skip)\n"
+    )
+    if any(r.stats.load_error_blocks or r.stats.failed_load_tokens for r in runs):
+        out.write("  (load errors: blocks the stack reported failed / offered tokens the engine then recomputed)\n")
     if tiers is not None:
         out.write("  (tokens loaded from each tier: its slices of the composed hits; each tier loads past the ones before it)\n")
+        if any(r.stats.failed_load_tokens for r in runs):
+            out.write("  (a tier's slices are counted as planned: the load errors above are not taken out of them)\n")
     if any(_saved(r.stats) is None for r in runs):
         out.write("  (bytes saved: n/a when the stack's connectors report no get_kv_connector_stats)\n")
 
