@@ -95,6 +95,8 @@ class Faults:
 
     def __init__(self, inner: Backend) -> None:
         self.inner: Backend = inner
+        self.slow: bool = inner.slow
+        """The inner backend's declaration: a file store's loads run on its reader thread, as without faults."""
         self.damage_kind: str | None = None
         self.raising: frozenset[str] = frozenset()
         self.fired: int = 0

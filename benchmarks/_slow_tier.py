@@ -59,8 +59,7 @@ class DelayedReads:
         self.read_seconds: float = 0.0
         """Time spent in read calls, the delay included."""
         self._lock = threading.Lock()  # reads may come from the engine's thread and a store's reader
-        if slow is not None:
-            self.slow: bool = slow
+        self.slow: bool = slow if slow is not None else getattr(inner, "slow", False) is True
 
     def _timed(self, read: Callable[..., Any]) -> Callable[..., Any]:
         def delayed(*args: Any, **kwargs: Any) -> Any:

@@ -22,7 +22,7 @@ from capkv.config._loader import ConfiguredConnector, ConfiguredNode, Configured
 from capkv.config._options import declared_options
 from capkv.errors import CapkvError, ConfigError
 
-__all__ = ["Findings", "Inspected", "Missing", "engine_class", "inspect_stack", "tree_lines", "walk"]
+__all__ = ["Findings", "Inspected", "Missing", "engine_class", "inspect_stack", "loads", "tree_lines", "walk"]
 
 
 class Missing(enum.Enum):
@@ -183,13 +183,34 @@ _SHOW: dict[StaticFact, tuple[str, Callable[[Any], str]]] = {
 }
 
 
+def loads(inspected: Inspected) -> str:
+    """How a store tier's hits load: ``async`` (answered ``load_async=True``, read off the engine's step: its
+    backend declares ``slow = True``), ``sync`` (in the engine's step), ``?`` (a store not built, whose backend
+    decides). Blank for a stack, and for a connector that is not one of capkv's stores (it answers
+    ``load_async`` with each hit)."""
+    if isinstance(inspected.node, ConfiguredStack):
+        return ""
+    built = inspected.built
+    answer: object = (
+        getattr(built, "loads_async", _PER_HIT) if built is not None
+        else getattr(inspected.node.cls, "default_loads_async", _PER_HIT)
+    )
+    if answer is _PER_HIT or (built is not None and not isinstance(answer, bool)):
+        return ""
+    return "loads: " + ("async" if answer is True else "sync" if answer is False else "?")
+
+
+_PER_HIT = object()
+
+
 def tree_lines(
     root: Inspected,
     detail: Callable[[Inspected], str] | None = None,
     *,
     hma: Callable[[Inspected], bool | None] | None = None,
 ) -> list[str]:
-    """The stack as a tree, one line per node, columns aligned: HMA, each fact, then ``detail`` (if any).
+    """The stack as a tree, one line per node, columns aligned: HMA, each fact, how a tier's hits load
+    (:func:`loads`), then ``detail`` (if any).
 
     ``hma`` answers a node's HMA column where an engine's rule decides it (``None``: capkv's rule).
     """
@@ -213,6 +234,7 @@ def _rows(
         title, show = _SHOW[fact]
         answer = inspected.answers[fact]
         cells.append(f"{title}: {answer.value if isinstance(answer, Missing) else show(answer)}")
+    cells.append(loads(inspected))
     if detail is not None:
         cells.append(detail(inspected))
     yield prefix + branch + inspected.label, cells

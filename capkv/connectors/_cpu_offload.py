@@ -41,6 +41,9 @@ class HostPool:
     own, and a put that finds no free slot is refused (the save fails).
     """
 
+    slow: bool = False
+    """Memory: loads run in the engine's step."""
+
     def __init__(self, capacity: int, *, owner: str) -> None:
         self._owner = owner
         self.capacity: int = capacity
@@ -175,6 +178,7 @@ class HostPoolConnector(PrefixStoreConnector):
         namespace=Option(str, help="separates models that share layer names and shapes"),
     )
     """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
+    default_loads_async: ClassVar[bool | None] = False  # memory: loads run in the engine's step
 
     def __init__(self, spec: KVSpec, *, capacity_blocks: int, namespace: str = "") -> None:
         name = type(self).__name__

@@ -267,6 +267,7 @@ class FileStoreConnector(StoreConnector):
         capacity_bytes=Option(int, minimum=1, help="bound on the directory's packs, in bytes (default 16 GiB)"),
     )
     """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
+    default_loads_async: ClassVar[bool | None] = FileBackend.slow
 
     def __init__(
         self,

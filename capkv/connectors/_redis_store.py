@@ -108,6 +108,7 @@ class RedisStoreConnector(StoreConnector):
         cluster=Option(bool, help="whether url names a Redis Cluster (default: ask the server)"),
     )
     """What a configuration may set (``capkv check`` and the builder refuse anything else)."""
+    default_loads_async: ClassVar[bool | None] = RedisBackend.slow
 
     def __init__(
         self,

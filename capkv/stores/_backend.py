@@ -1,16 +1,19 @@
 """The backend contract: what a store needs of the place its blocks live.
 
 A backend only stores and returns bytes, and says only what it is sure of; the shared layer does everything
-else (guide § 16; docs/internals.md, "Stores").
+else (guide § 16; docs/internals.md, "Stores"). Every backend declares ``slow``
+(a member of the contract): whether its loads run on the store's reader thread.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from capkv._homes import publish
+from capkv.errors import ConfigError
 from capkv.stores._keys import BlockKey
 
 __all__ = ["Backend", "PinningBackend", "ReadsInto", "StoreKey"]
@@ -50,7 +53,17 @@ class StoreKey:
 
 @runtime_checkable
 class Backend(Protocol):
-    """Where a store's values live: batched ``contains``/``get``/``put``/``delete``, sure or a miss."""
+    """Where a store's values live: batched ``contains``/``get``/``put``/``delete``, sure or a miss, and
+    whether its reads are ``slow``."""
+
+    if TYPE_CHECKING:  # run-time checks (isinstance, dev mode) accept a backend without it until capkv 0.4, warned
+
+        @property
+        def slow(self) -> bool:
+            """Whether reads take long (a disk, a network): ``True`` loads on the store's reader thread
+            (hits answered ``load_async=True``), ``False`` in the engine's step. A class or instance attribute
+            (``slow = True``) satisfies it."""
+            ...
 
     def contains(self, keys: Sequence[StoreKey], /) -> Sequence[bool]:
         """Per key, whether a whole value is stored (``False`` when unsure)."""
@@ -61,9 +74,11 @@ class Backend(Protocol):
         ...
 
     def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> Sequence[bool]:
-        """Store each value under its key (replacing one there); per item, whether it is now stored.
+        """Store each value under its key (replacing one there); per item, whether it is now stored
+        (``True`` only for a value that is: a value dropped yet answered ``True`` is a hit that never loads).
 
-        The memory of a value is the store's and is reused after the call: copy what you keep.
+        The memory of a value is the store's and is reused after the call: copy what you keep
+        (``bytes(value)``); a backend that keeps the view stores whatever the store writes there next.
         """
         ...
 
@@ -116,10 +131,30 @@ class PinningBackend(Protocol):
     def unpin(self, keys: Sequence[StoreKey], /) -> None: ...
 
 
-def reads_slowly(backend: object) -> bool:
-    """Whether ``backend`` declares its reads slow (``slow = True``): only ``True`` itself counts, so
-    a backend that says nothing, or something else, keeps the synchronous loads."""
-    return getattr(backend, "slow", False) is True
+def reads_slowly(backend: object, owner: str = "") -> bool:
+    """Whether ``backend`` declares its reads slow (``slow``, part of the contract).
+
+    A backend without ``slow`` (written before capkv 0.3, or with the name misspelt) loads synchronously,
+    with a ``DeprecationWarning`` naming it (capkv 0.4 refuses it); a ``slow`` that is not a ``bool`` is a
+    :class:`~capkv.ConfigError`.
+    """
+    name = f"{owner}: " if owner else ""
+    if not hasattr(backend, "slow"):
+        warnings.warn(
+            f"{name}the backend {type(backend).__name__} does not declare slow (part of the capkv.stores.Backend "
+            "contract since capkv 0.3.0): its loads run synchronously, in the engine's step. Set slow = True for "
+            "reads that take long (a disk, a network: loads then run on the store's reader thread) or slow = False; "
+            "capkv 0.4 refuses a backend without it",
+            DeprecationWarning, stacklevel=3,
+        )
+        return False
+    slow: object = getattr(backend, "slow")
+    if not isinstance(slow, bool):
+        raise ConfigError(
+            f"{name}the backend {type(backend).__name__} declares slow = {slow!r}; it must be True or False",
+            connector=owner or None, method="__init__", value=slow,
+        )
+    return slow
 
 
 publish(__name__)

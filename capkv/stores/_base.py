@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import Self
 
@@ -75,15 +75,28 @@ def require_store_spec(spec: KVSpec, owner: str) -> KVSpec:
 class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
     """Prefix-keyed block store for every KV-cache group; subclasses choose where blocks live."""
 
+    default_loads_async: ClassVar[bool | None] = None
+    """Whether this class's hits load asynchronously when it is built as configured (its backend's ``slow``),
+    for ``capkv check`` to say before anything is built; ``None``: the backend it is given decides. A built
+    store answers :attr:`loads_async`."""
+
     def __init__(self, spec: KVSpec, index: StoreIndex, worker: StoreWorker, *, namespace: str) -> None:
         self.spec = spec
         hasher = PrefixHasher(spec, namespace, owner=self._name)
-        self._scheduler = StoreScheduler(spec, index, hasher, owner=self._name, load_async=reads_slowly(worker.backend))
+        self._scheduler = StoreScheduler(
+            spec, index, hasher, owner=self._name, load_async=reads_slowly(worker.backend, self._name)
+        )
         full = [i for i, group in enumerate(spec.groups) if group.sliding_window is None]
         self._first_block: tuple[PrefixHasher, StoreIndex, int] | None = (hasher, index, full[0]) if full else None
         """What tells whether a request's first block is here: a full-attention group's (every hit holds it)
         key, asked of the index; ``None`` with no such group (every request may then load)."""
         self._worker = worker
+
+    @property
+    def loads_async(self) -> bool:
+        """Whether hits load asynchronously: the backend declares ``slow = True``, so hits are answered
+        ``load_async=True`` and read on the store's reader thread (``capkv check`` and ``capkv demo`` show it)."""
+        return self._scheduler.load_async
 
     @property
     def _name(self) -> str:

@@ -19,6 +19,9 @@ class MemoryBackend:
     inspect or damage what is stored.
     """
 
+    slow: bool = False
+    """Memory: loads run in the engine's step."""
+
     def __init__(self, capacity_bytes: int | None = None) -> None:
         self.capacity_bytes: int | None = capacity_bytes
         self.values: dict[StoreKey, bytes] = {}

@@ -74,7 +74,7 @@ def test_optional_members_appear_exactly_when_the_inner_backend_has_them() -> No
 def test_slow_is_declared_only_when_asked() -> None:
     assert DelayedReads(MemoryBackend(), 0.0, slow=True).slow is True
     assert DelayedReads(MemoryBackend(), 0.0, slow=False).slow is False
-    assert not hasattr(DelayedReads(MemoryBackend(), 0.0), "slow")  # MemoryBackend declares nothing
+    assert DelayedReads(MemoryBackend(), 0.0).slow is False  # the inner backend's own (MemoryBackend: fast)
     with pytest.raises(ValueError, match="delay_s"):
         DelayedReads(MemoryBackend(), -0.001)
 

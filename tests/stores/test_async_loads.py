@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 from capkv import finish_request
+from capkv.errors import ConfigError
 from capkv.stores import MemoryBackend, StoreConnector, StoreKey
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine, Req
@@ -73,13 +74,31 @@ def test_a_slow_backend_loads_in_the_background_and_the_kv_is_exact() -> None:
 
 
 def test_fast_backends_stay_synchronous() -> None:
-    class Unsure(MemoryBackend):
-        slow = "yes"  # only True declares it
+    engine = _seeded(MemoryBackend())  # slow = False
+    _, load_async = engine.connector.get_num_new_matched_tokens(Req("r", PROMPT + [1]), 0)
+    assert load_async is False and engine.connector.loads_async is False
 
-    for backend in (MemoryBackend(), Unsure()):
-        engine = _seeded(backend)
-        _, load_async = engine.connector.get_num_new_matched_tokens(Req("r", PROMPT + [1]), 0)
-        assert load_async is False
+
+def test_slow_is_part_of_the_contract() -> None:
+    """A ``slow`` that is not a bool is refused by name; a backend written without it (or with it misspelt)
+    loads synchronously, warned about."""
+
+    class Unsure(MemoryBackend):
+        slow = "yes"  # type: ignore[assignment]
+
+    with pytest.raises(ConfigError, match=r"StoreConnector: the backend Unsure declares slow = 'yes'; it must be True or False"):
+        StoreConnector(make_spec(WINDOWED, num_blocks=64), Unsure())
+
+    class Old:  # the contract before 0.3.0: no slow
+        def __init__(self) -> None:
+            self.inner = MemoryBackend()
+            self.contains, self.get, self.put = self.inner.contains, self.inner.get, self.inner.put
+            self.delete, self.close = self.inner.delete, self.inner.close
+
+    with pytest.warns(DeprecationWarning, match=r"the backend Old does not declare slow .* Set slow = True"):
+        store = StoreConnector(make_spec(WINDOWED, num_blocks=64), Old())  # type: ignore[arg-type]
+    assert store.loads_async is False
+    store.close()
 
 
 def test_the_step_does_not_wait_for_a_slow_read_and_pins_last_until_it_is_over() -> None:
