@@ -77,8 +77,11 @@ class BackgroundLoads:
     def _load(
         self, chunks: list[Chunk], copier: capkv.transfer._copier.BlockCopier, ring: StagingRing
     ) -> LoadOutcome:
+        import torch  # noqa: PLC0415 (loaded with the KV cache, before any load)
+
         try:
-            outcome = load_chunks(chunks, self._backend, copier, ring, owner=self._owner)
+            with torch.inference_mode():  # thread-local: an engine's KV cache made in it (vLLM's) is written in it
+                outcome = load_chunks(chunks, self._backend, copier, ring, owner=self._owner)
             for handle in outcome.handles:
                 handle.wait()  # received means in the KV cache: the engine reads it next step
         except Exception as error:  # noqa: BLE001 (a fault here fails the whole load, reported like a read's)

@@ -179,3 +179,32 @@ def test_may_load_async_says_yes_only_for_a_request_whose_first_block_a_slow_sto
     assert store.may_load_async(Req("short", PROMPT[:16])) is False  # no whole block before the last token
     fast = _seeded(MemoryBackend()).connector
     assert fast.may_load_async(Req("held", PROMPT + [1])) is False  # a fast store loads synchronously
+
+
+def test_a_background_load_writes_a_kv_cache_made_in_inference_mode() -> None:
+    """vLLM makes its KV cache under ``torch.inference_mode()``, which is per thread: a load scattered on the
+    store's reader thread outside it failed every time ("Inplace update to inference tensor outside
+    InferenceMode"), for a slow backend that reads into the store's rows (``get_into``; on CUDA, every one)."""
+    import torch
+
+    class SlowInto(MemoryBackend):
+        slow = True
+
+        def get_into(self, keys: Sequence[StoreKey], buffers: Sequence[memoryview], /) -> list[int | None]:
+            read: list[int | None] = []
+            for key, buffer in zip(keys, buffers, strict=True):
+                value = self.values.get(key)
+                if value is not None:
+                    buffer[: len(value)] = value
+                read.append(None if value is None else len(value))
+            return read
+
+    spec = make_spec(WINDOWED, num_blocks=64)
+    with torch.inference_mode():
+        engine = MiniEngine(spec, StoreConnector(spec, SlowInto()))
+        engine.run("seed", PROMPT)
+    engine.connector.flush()
+    with torch.inference_mode():  # the engine's thread; the store's reader thread is not
+        run = engine.run("again", PROMPT + [1])
+    assert run.hit_tokens == 96 and run.load_errors == {}, run.load_errors
+    engine.connector.close()
