@@ -151,13 +151,11 @@ class SchedulerSide(FinishRoutine, StackState):
             if native is not None:  # every child takes the engine's own blocks: unwrap them once
                 engine_blocks: object = getattr(blocks, native[2], None)
                 if engine_blocks is not None:
-                    index = 0
-                    for call in native[0]:
+                    for index, call in native[0]:  # (indexed in advance: a count per call cost more)
                         try:
                             call(request, engine_blocks, 0)
                         except Exception as exc:
                             failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
-                        index += 1
                     if failures:
                         raise self._alloc_failed(failures, 0)
                     return
@@ -314,10 +312,9 @@ class SchedulerSide(FinishRoutine, StackState):
         elif settling.outputs < settling.builds:  # nothing to settle: output() would only count it
             settling.outputs += 1
         worker_meta = connector_output.worker_meta
-        children = self._children
         if worker_meta is None:
             per_child: tuple[object, ...] | None = None
-        elif type(worker_meta) is MultiWorkerMetadata and len(worker_meta.children) == len(children):
+        elif type(worker_meta) is MultiWorkerMetadata and len(worker_meta.children) == len(self._children):
             per_child = worker_meta.children
         else:
             per_child = self._expect(worker_meta, MultiWorkerMetadata, "update_connector_output").children
@@ -331,6 +328,7 @@ class SchedulerSide(FinishRoutine, StackState):
             if passed is not NOT_CARRIED:
                 raise failure(type(self).__name__, self._names, "update_connector_output", passed, TOLD)
         failures: Failures | None = None
+        children = self._children
         if per_child is None:
             for child in children:
                 try:

@@ -28,8 +28,8 @@ __all__ = ["UNSET", "ForeignLoads", "NativeStack", "StackState"]
 
 ForeignLoads = Callable[[Request, int, int, bool], None]
 """A child's ``loaded_elsewhere`` (see :class:`~capkv.contracts._tiers.KnowsForeignLoads`)."""
-NativeStack = tuple[tuple[Callable[[Any, Any, int], None], ...], IndexedCalls, str, PassOutput]
-"""Every child's own ``update_state_after_alloc``, the ``update_connector_output`` of those whose member does
+NativeStack = tuple[tuple[tuple[int, Callable[[Any, Any, int], None]], ...], IndexedCalls, str, PassOutput]
+"""Every child's own ``update_state_after_alloc`` (with its index), the ``update_connector_output`` of those whose member does
 something (with their indices), the attribute carrying the engine's blocks, and the adapter's function passing
 the engine's output: see :mod:`capkv.composite._native`."""
 
@@ -139,7 +139,7 @@ class StackState(StackNode):
         )
         natives = native_calls(children)
         self._native = None if natives is None else (
-            tuple(n.update_state_after_alloc for n in natives),
+            tuple((index, n.update_state_after_alloc) for index, n in enumerate(natives)),
             tuple((index, n.update_connector_output) for index, n in enumerate(natives)
                   if n.update_connector_output is not None),
             natives[0].blocks, natives[0].pass_output,
