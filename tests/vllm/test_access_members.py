@@ -27,7 +27,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 
 import capkv  # noqa: E402
 from capkv.connectors import CPUOffloadConnector  # noqa: E402
-from capkv.errors import ConflictError  # noqa: E402
+from capkv.errors import ConfigError, ConflictError  # noqa: E402
 from capkv.vllm import CapkvConnector, CapkvHMAConnector, MultiConnector  # noqa: E402
 
 MODULE = "tests.vllm.test_access_members"
@@ -174,6 +174,9 @@ def test_nixl_push_is_the_class_vllms_factory_builds() -> None:
     cuda_push = KVTransferConfig(kv_connector="MultiConnector", kv_connector_module_path="capkv.vllm",
                                  kv_role="kv_both", kv_connector_extra_config={"connectors": NIXL[:1]})
     assert MultiConnector.kv_cache_access(cuda_push) == A.REGISTERS | A.EXPORTS_FABRIC
+    sideways = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"transfer_mode": "sideways"}}
+    with pytest.raises(ConfigError, match=r'#1: "NixlConnector": vLLM refuses its kv_connector_extra_config: .*sideways'):
+        load_stack({"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [sideways]}})
 
 
 @needs_034

@@ -12,6 +12,8 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any, cast
 
+from capkv.errors import ConfigError
+
 __all__ = ["HINT", "resolve_vllm_name"]
 
 HINT = (
@@ -34,9 +36,13 @@ def resolve_vllm_name(name: str, entry: Mapping[str, Any]) -> type[Any] | None:
         return None
     transfer: Any = importlib.import_module("vllm.config.kv_transfer").KVTransferConfig
     extra: Any = entry.get("kv_connector_extra_config")
-    config = transfer(
-        kv_connector=name, kv_role=entry.get("kv_role") or "kv_both",
-        kv_connector_extra_config=dict(cast("Mapping[str, Any]", extra)) if isinstance(extra, Mapping) else {},
-    )
-    cls: type[Any] = factory.get_connector_class(config)
+    extra = dict(cast("Mapping[str, Any]", extra)) if isinstance(extra, Mapping) else {}
+    try:
+        cls: type[Any] = factory.get_connector_class(
+            transfer(kv_connector=name, kv_role=entry.get("kv_role") or "kv_both", kv_connector_extra_config=extra)
+        )
+    except ValueError as exc:  # vLLM refuses the entry's config (NIXL's transfer_mode "sideways")
+        raise ConfigError(
+            f'"{name}": vLLM refuses its kv_connector_extra_config: {exc}', connector=name, method="resolve", value=extra
+        ) from exc
     return cls
