@@ -23,7 +23,7 @@ import xxhash
 from capkv.stores._host import row_memory
 
 __all__ = [
-    "IOV_MAX", "Strategy", "best_strategy", "paged_reads", "read_strategies", "timed_rounds", "write_strategies",
+    "IOV_MAX", "Strategy", "best_strategy", "paged_reads", "pinned_copies", "read_strategies", "timed_rounds", "write_strategies",
 ]
 
 IOV_MAX = min(1024, getattr(os, "IOV_MAX", 1024))
@@ -122,6 +122,23 @@ def paged_reads(path: Path, parts: list[list[memoryview]]) -> dict[str, Strategy
         return read
 
     return {"preadv one value a call into the paged blocks": run(False), "the same + XXH3-128 per value": run(True)}
+
+
+def pinned_copies(nbytes: int, device: torch.device) -> dict[str, Strategy]:
+    """References for a KV cache on a GPU: ``nbytes`` copied from pinned host memory to the device, and back
+    (each finished before it returns): what a load and a save must move across the bus at least."""
+    host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def copy(into: torch.Tensor, source: torch.Tensor) -> Strategy:
+        def run() -> int:
+            into.copy_(source, non_blocking=True)
+            torch.cuda.synchronize(device)
+            return source.numel()
+
+        return run
+
+    return {"host -> device, pinned": copy(on_device, host), "device -> host, pinned": copy(host, on_device)}
 
 
 def write_strategies(path: Path, source: torch.Tensor, value_nbytes: int) -> dict[str, Strategy]:

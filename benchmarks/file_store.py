@@ -46,7 +46,7 @@ import torch
 
 from benchmarks._file_load_stages import StageTimers
 from benchmarks._models import add_model_argument, chosen_models, engine_heap, spread
-from benchmarks._plain_io import best_strategy, paged_reads, read_strategies, timed_rounds, write_strategies
+from benchmarks._plain_io import best_strategy, paged_reads, pinned_copies, read_strategies, timed_rounds, write_strategies
 from capkv import KVConnectorOutput
 from capkv.connectors import FileStoreConnector
 from capkv.contracts._spec import KVSpec
@@ -101,7 +101,8 @@ class Round:
     """CPU seconds (the process's) of each plain read strategy."""
     paged: dict[str, float]
     """References (:func:`benchmarks._plain_io.paged_reads`): the plain file read a value a call into the engine's
-    blocks, and the same with XXH3-128 over each value as it lands (the floor of a load with integrity)."""
+    blocks, and the same with XXH3-128 over each value as it lands (the floor of a load with integrity); on CUDA
+    (:func:`benchmarks._plain_io.pinned_copies`) the same bytes copied host -> device and back, pinned."""
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -113,17 +114,18 @@ def prompts_for(preset: ModelPreset, budget: int, tokens: int, block_size: int) 
 
 def throughput(
     root: Path, preset: ModelPreset, requests: int, tokens: int, *, block_size: int = 16, stages: bool = False,
-    first: int = 0,
+    first: int = 0, device: str = "cpu",
 ) -> Round:
-    """One round: the store's save and load, then every plain strategy over the same bytes (from the
-    ``first``-th: rotate it round by round)."""
+    """One round: the store's save and load (the loaded blocks checked bit for bit against the saved ones), then
+    every plain strategy over the same bytes (from the ``first``-th: rotate it round by round). On CUDA the
+    KV cache is on the device and the references are pinned copies instead of reads into the paged blocks."""
     blocks = tokens // block_size
-    shape = preset.shape(block_size=block_size, num_blocks=2 * requests * blocks + 1)
+    shape = preset.shape(block_size=block_size, num_blocks=2 * requests * blocks + 1, device=device)
     spec = shape.kv_spec()
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device=device).manual_seed(0)
     caches = {
         name: torch.randint(0, 256, (*group.kv_shape[:-1], group.kv_shape[-1] * 2), dtype=torch.uint8,
-                            generator=generator).view(shape.dtype)
+                            generator=generator, device=device).view(shape.dtype)
         for group in spec.groups if group.kv_shape for name in group.layer_names
     }
     store_dir = root / "store"
@@ -131,6 +133,16 @@ def throughput(
     connector.register_kv_caches(caches)
     with engine_heap():
         return _measured(connector, preset, caches, root, requests, tokens, block_size, stages, first)
+
+
+def loaded_as_saved(spec: KVSpec, caches: dict[str, torch.Tensor], count: int, offset: int) -> bool:
+    """Whether blocks ``offset..`` of the full-attention group hold, bit for bit, what blocks ``1..count`` held
+    when saved (every block of a full-attention group is loaded; a sliding group loads its window only)."""
+    group = next(g for g in spec.groups if g.sliding_window is None)
+    return all(
+        torch.equal(caches[name][:, 1 : 1 + count].view(torch.uint8), caches[name][:, offset : offset + count].view(torch.uint8))
+        for name in group.layer_names
+    )
 
 
 def _measured(
@@ -179,6 +191,8 @@ def _measured(
         raise SystemExit(f"load errors: {errors}")
     loaded = (connector.get_kv_connector_stats() or {}).get("loaded_bytes", 0)
     connector.close()
+    if not loaded_as_saved(connector.spec, caches, requests * blocks, offset):
+        raise SystemExit("a loaded block differs from the block saved: the load is wrong, its figures mean nothing")
     value = preset.value_nbytes(block_size)
     # Plain I/O of the same bytes, in the same directory, from and into tensors touched beforehand.
     source = torch.randint(0, 256, (saved,), dtype=torch.uint8, generator=generator)
@@ -188,7 +202,10 @@ def _measured(
     destination = torch.ones(loaded, dtype=torch.uint8)
     reads, read_cpu = timed_rounds(read_strategies(plain, destination, value), loaded, first=first)
     del destination
-    paged, _ = timed_rounds(paged_reads(plain, load_places(connector.spec, caches, offset, loaded // value)), loaded)
+    if caches[next(iter(caches))].device.type == "cpu":
+        paged, _ = timed_rounds(paged_reads(plain, load_places(connector.spec, caches, offset, loaded // value)), loaded)
+    else:
+        paged, _ = timed_rounds(pinned_copies(loaded, caches[next(iter(caches))].device), loaded)
     plain.unlink()
     return Round(save_s, load_s, load_cpu_s, saved, loaded, writes, reads, read_cpu, paged, stage_s)
 

@@ -103,14 +103,15 @@ def transfer_case(
         groups=(KVGroupSpec(layer_names=names, block_size=block_size, kv_shape=shape),),
     )
     generator = torch.Generator().manual_seed(seed)
-    caches = {name: _random(shape, dtype, generator).to(device) for name in names}
+    where = torch.Generator(device=device).manual_seed(seed)  # a GB-sized cache is made where it lives
+    caches = {name: _random(shape, dtype, where, device) for name in names}
     copier = BlockCopier(spec, caches, owner="bench")
     rows = copier.host_rows(moved, block_nbytes)
     rows.fill_(1)
     ids = [int(i) for i in torch.randperm(pool, generator=generator)[:moved]]
     host = copier.host_rows(1, moved * block_nbytes)[0]
     host.fill_(2)
-    on_device = torch.full((moved * block_nbytes,), 3, dtype=torch.uint8, device=device)
+    contiguous = torch.full((moved * block_nbytes,), 3, dtype=torch.uint8, device=device)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else _nothing
 
     def finished(operation: Callable[[], object]) -> Callable[[], object]:
@@ -118,12 +119,12 @@ def transfer_case(
 
     operations: dict[str, Callable[[], object]] = {
         # Host to host (CPU), both directions are the same copy; two buffers, so neither is cache-warm.
-        "contiguous_out": finished(lambda: host.copy_(on_device, non_blocking=device.type == "cuda")),
-        "contiguous_in": finished(lambda: on_device.copy_(host, non_blocking=device.type == "cuda")),
+        "contiguous_out": finished(lambda: host.copy_(contiguous, non_blocking=device.type == "cuda")),
+        "contiguous_in": finished(lambda: contiguous.copy_(host, non_blocking=device.type == "cuda")),
         "gather": finished(lambda: copier.gather(0, ids, rows).wait()),
         "scatter": finished(lambda: copier.scatter(0, ids, rows).wait()),
     }
-    return TransferCase(copier, ids, rows, host, on_device, block_nbytes, operations)
+    return TransferCase(copier, ids, rows, host, contiguous, block_nbytes, operations)
 
 
 def measure_transfer(
@@ -166,9 +167,11 @@ def measure_transfer(
     )
 
 
-def _random(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+def _random(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator, device: torch.device) -> torch.Tensor:
     """Random bits (NaN patterns included): copies must not care what the bytes mean."""
-    raw = torch.randint(0, 256, (*shape[:-1], shape[-1] * dtype.itemsize), dtype=torch.uint8, generator=generator)
+    raw = torch.randint(
+        0, 256, (*shape[:-1], shape[-1] * dtype.itemsize), dtype=torch.uint8, generator=generator, device=device
+    )
     return raw.view(dtype)
 
 
