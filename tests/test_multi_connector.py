@@ -360,13 +360,19 @@ def test_foreign_worker_metadata_is_refused() -> None:
 # ---- consistency members -------------------------------------------------------------
 
 
-def test_handshake_is_first_non_none_and_peers_reach_everyone() -> None:
-    a, b, c = HMA("a"), HMA("b"), HMA("c")
-    b.handshake, c.handshake = "hs-b", "hs-c"
-    stack = MultiConnector(a, b, c)
-    assert stack.get_handshake_metadata() == "hs-b"
-    stack.set_xfer_handshake_metadata({0: "peer"})
-    assert all(ch.calls[-1] == ("set_xfer_handshake_metadata", ({0: "peer"},)) for ch in (a, b, c))
+def test_each_child_gets_back_its_own_handshake_at_any_depth_and_a_foreign_one_reaches_everyone() -> None:
+    a, b, c, d = HMA("a"), HMA("b"), HMA("c"), HMA("d")
+    b.handshake, c.handshake, d.handshake = "hs-b", "hs-c", "hs-d"
+    inner = MultiConnector(c, a)
+    stack = MultiConnector(d, inner, b)
+    by_rank = {rank: stack.get_handshake_metadata() for rank in (0, 1)}  # every worker's, as the engine collects
+    stack.set_xfer_handshake_metadata(by_rank)
+    assert b.calls[-1] == ("set_xfer_handshake_metadata", ({0: "hs-b", 1: "hs-b"},))
+    assert c.calls[-1] == ("set_xfer_handshake_metadata", ({0: "hs-c", 1: "hs-c"},))
+    assert d.calls[-1] == ("set_xfer_handshake_metadata", ({0: "hs-d", 1: "hs-d"},))
+    assert a.calls[-1] == ("set_xfer_handshake_metadata", ({},))  # it produced none: it gets none
+    stack.set_xfer_handshake_metadata({0: "peer"})  # not made per child (a peer's): every child learns it
+    assert all(ch.calls[-1] == ("set_xfer_handshake_metadata", ({0: "peer"},)) for ch in (a, b, c, d))
     assert MultiConnector(a).get_handshake_metadata() is None
 
 

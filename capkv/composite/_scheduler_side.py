@@ -11,6 +11,7 @@ from typing import Any, cast
 from capkv.composite._agreement import agreed_finished_count, agreed_layout, piecewise_needed
 from capkv.composite._fanout import ATTACHED, HELD, TOLD, Failures, bad_answer, failure
 from capkv.composite._finish import FinishResult, FinishRoutine
+from capkv.composite._handshakes import Handshakes
 from capkv.composite._metadata import NOT_BUILT, Book, MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.composite._native import NOT_CARRIED
 from capkv.composite._plan import Slice
@@ -382,6 +383,8 @@ class SchedulerSide(FinishRoutine, StackState):
         return piecewise_needed(cast("list[bool]", self._ask("requires_piecewise_for_cudagraph")))
 
     def set_xfer_handshake_metadata(self, metadata: Mapping[int, HandshakeMetadata], /) -> None:
-        """Every child learns the peers' metadata."""
-        self._tell("set_xfer_handshake_metadata", metadata)
+        """Every child learns what its own workers produced (see :meth:`get_handshake_metadata`), by rank;
+        a payload the stack did not make per child reaches every child."""
+        carried = metadata if isinstance(metadata, Handshakes) else Handshakes(metadata)
+        self._tell_each("set_xfer_handshake_metadata", lambda index: (carried.for_child(index),))
 

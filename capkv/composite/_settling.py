@@ -89,6 +89,17 @@ class LoadSettling:
         if not entries:
             del self.pending[request_id]
 
+    def landed(self, request_id: str) -> None:
+        """The engine says the request's synchronous loads landed (it computed on them): settle them now."""
+        entries = self.pending.get(request_id)
+        if entries is None:
+            return
+        kept = [entry for entry in entries if entry[2]]
+        if kept:
+            self.pending[request_id] = kept
+        else:
+            del self.pending[request_id]
+
     def finishing(self, request_id: str) -> int | None:
         """The request finished: the first token of its earliest unsettled load, if any. Its synchronous
         loads are forgotten; its asynchronous ones wait for their reports (the id may be reused)."""

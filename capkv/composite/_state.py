@@ -226,6 +226,16 @@ class StackState(StackNode):
             if isinstance(child, StackNode) and callable(nested):
                 nested(spec)
 
+    def loads_landed(self, request_id: str, /) -> None:
+        """The engine computed on ``request_id``'s KV (it finished normally): every load the request had
+        landed, also one whose step the engine has not reported yet (vLLM finishes a request before it
+        hands over that step's report). Its children then get its blocks at finish, none masked."""
+        self._settling.landed(request_id)
+        for child in self._children:
+            nested: object = getattr(child, "loads_landed", None)
+            if isinstance(child, StackNode) and callable(nested):
+                nested(request_id)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(map(repr, self._children))})"
 
@@ -237,10 +247,14 @@ class StackState(StackNode):
 
     def _tell(self, method: str, *args: object) -> None:
         """Call ``method`` on every child; one error after calling all."""
+        self._tell_each(method, lambda _: args)
+
+    def _tell_each(self, method: str, arguments: Callable[[int], tuple[object, ...]]) -> None:
+        """Call ``method`` on every child with its own ``arguments(index)``; one error after calling all."""
         failures: Failures | None = None
         for index, child in enumerate(self._children):
             try:
-                getattr(child, method)(*args)
+                getattr(child, method)(*arguments(index))
             except Exception as exc:
                 failures = [(index, exc)] if failures is None else [*failures, (index, exc)]
         if failures:

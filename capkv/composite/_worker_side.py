@@ -9,6 +9,7 @@ from collections.abc import Mapping, Set as AbstractSet
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, cast
 
+from capkv.composite._handshakes import ChildHandshakes
 from capkv.composite._fanout import HELD, TOLD, Failures, bad_answer, failure
 from capkv.composite._metadata import NOT_BUILT, MultiConnectorMetadata, MultiWorkerMetadata, merge_worker_metas
 from capkv.composite._state import StackState
@@ -275,8 +276,10 @@ class WorkerSide(StackState):
         self._tell("clear_connector_metadata")
 
     def get_handshake_metadata(self) -> object:
-        """The first child's handshake metadata that is not ``None``."""
-        return next((metadata for metadata in self._ask("get_handshake_metadata") if metadata is not None), None)
+        """Every child's handshake metadata, each in its place (:class:`ChildHandshakes`), so that
+        :meth:`set_xfer_handshake_metadata` hands each child its own; ``None`` when no child has any."""
+        answers = self._ask("get_handshake_metadata")
+        return None if all(answer is None for answer in answers) else ChildHandshakes(tuple(answers))
 
     def get_mem_pool_context(self) -> AbstractContextManager[object] | None:
         """The KV cache lives in one pool, so at most one child may provide it."""

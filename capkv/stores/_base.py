@@ -144,6 +144,14 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
         """A load of these requests failed this step (in another child, maybe): save nothing of them this step."""
         self._worker.loads_failed(request_ids)
 
+    def reset_cache(self) -> bool:
+        """Drop every block this store offers (vLLM's ``reset_prefix_cache(reset_connector=True)``): from
+        now on no key equals one from before, so nothing saved before is offered or loaded again, and
+        requests running now save nothing more. What the backend holds stays until evicted (a shared
+        directory or Redis may serve other engines). Always ``True``."""
+        self._scheduler.reset()
+        return True
+
     def build_connector_meta(self, scheduler_output: SchedulerOutput, /) -> StoreMetadata:
         return self._scheduler.build(scheduler_output)
 

@@ -7,6 +7,7 @@ encoding: docs/internals.md, "What a key names").
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, cast
@@ -81,18 +82,29 @@ def _encode(value: object, write: Callable[[bytes], object]) -> None:
 class PrefixHasher:
     """Computes block digests for a spec's groups."""
 
-    __slots__ = ("_block_sizes", "_owner", "_roots")
+    __slots__ = ("_block_sizes", "_owner", "_roots", "_spec", "_namespace")
 
     def __init__(self, spec: KVSpec, namespace: str = "", *, owner: str) -> None:
         self._owner = owner
+        self._spec = spec
+        self._namespace = namespace
         self._block_sizes = tuple(group.block_size or 0 for group in spec.groups)
-        self._roots = tuple(
+        self._roots = self._rooted(None)
+
+    def _rooted(self, generation: bytes | None) -> tuple[bytes, ...]:
+        spec = self._spec
+        return tuple(
             framed_digest((
-                "capkv.prefix.v2", namespace, index, group.block_size, tuple(group.layer_names),
+                "capkv.prefix.v2", self._namespace, index, group.block_size, tuple(group.layer_names),
                 _without(group.kv_shape, spec.block_dim), str(spec.dtype),
+                *(() if generation is None else (generation,)),
             ))
             for index, group in enumerate(spec.groups)
         )
+
+    def reset(self) -> None:
+        """A new generation of keys (a cache reset): no digest from now on equals one from before."""
+        self._roots = self._rooted(os.urandom(16))
 
     def block_size(self, group: int) -> int:
         return self._block_sizes[group]

@@ -89,6 +89,16 @@ class StoreScheduler:
         """Keys some shards reported stored and others not yet (several workers): not loadable yet."""
         self.hit_tokens: int = 0
         """Tokens offered and accepted since the last :meth:`take_hit_tokens`."""
+        self._stale: set[str] = set()
+        """Requests live at the last :meth:`reset`: their KV is from before it, so they save nothing."""
+
+    def reset(self) -> None:
+        """Forget every block (a cache reset): keys from now on never equal one from before, and the
+        requests live now (computed before the reset) save nothing more."""
+        self._hasher.reset()
+        self._keys.clear()
+        self._offers.clear()
+        self._stale.update(self._live)
 
     # ---- lookups -------------------------------------------------------------------
 
@@ -218,6 +228,10 @@ class StoreScheduler:
             del self._receiving[request_id]  # it is received; nothing of it is saved (the engine frees once)
             self._keys.pop(request_id, None)
             return False
+        if request_id in self._stale:
+            self._stale.discard(request_id)
+            self._keys.pop(request_id, None)
+            return False
         keys = self._keys.pop(request_id, None) or (live.keys if live is not None else None)
         if keys is None:
             keys = RequestKeys(self._hasher, request.all_token_ids, request_key_inputs(request, connector=self._owner, method=method))
@@ -331,7 +345,7 @@ class StoreScheduler:
                 else:
                     for table, ids in zip(live.tables, view.block_ids, strict=True):
                         table.extend(ids)
-            if view.request_id not in self._load_failed:
+            if view.request_id not in self._load_failed and view.request_id not in self._stale:
                 before = view.num_computed_tokens
                 steps.append((live, self._step_candidates(live, before, before + view.num_scheduled_tokens)))
         self._look_up(

@@ -201,11 +201,18 @@ def test_a_childs_failed_receive_fails_that_request_with_several_groups() -> Non
     assert host.get_block_ids_with_load_errors() == set()  # vLLM refuses flat ids with several groups
 
 
-def test_a_childs_failed_receive_is_flat_block_ids_with_one_group() -> None:
+def test_a_childs_failed_receive_passes_through_with_one_group_and_only_its_blocks_are_invalid() -> None:
+    """vLLM's words at vLLM's precision: ``failed_recving`` passes through, and the invalid blocks are
+    the ones the child reported (here: none), never the request's whole block table."""
     host = drop_in(child("a", hit=16, fail=True), groups=1)
     results = load_once(host, Request("r"), blocks([1, 2]))
-    assert (results.finished_recving, results.failed_recving) == ({"r"}, set())
-    assert host.get_block_ids_with_load_errors() == {1, 2}
+    assert (results.finished_recving, results.failed_recving) == ({"r"}, {"r"})
+    assert host.get_block_ids_with_load_errors() == set()
+    reporting = drop_in(child("a", hit=16, fail=True), groups=1)
+    sub: Any = reporting.sub_connectors[0]
+    sub.late_errors = {2}  # the child names the block it was loading, as NIXL names its own
+    results = load_once(reporting, Request("s"), blocks([1, 2]))
+    assert results.failed_recving == {"s"} and reporting.get_block_ids_with_load_errors() == {2}
 
 
 def test_wrapped_children_get_vllms_own_blocks() -> None:

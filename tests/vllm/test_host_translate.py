@@ -71,17 +71,26 @@ def test_one_group_reports_flat_block_ids_for_sync_and_async_loads() -> None:
 
 
 def test_a_step_whose_loads_could_not_run_fails_every_one_of_them() -> None:
+    """Every load of the step failed, and only the blocks each was loading: never the blocks of the
+    request's local hit (another request may share them) nor blocks beyond the load."""
     from capkv import KVGroupSpec, KVSpec
     from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
 
     spec = KVSpec(num_groups=2, num_blocks=64, groups=(KVGroupSpec(block_size=16),) * 2)
     planner, tracker = LoadPlanner(spec), LoadTracker(spec, owner="host")
-    planner.answer("a", 0, 16, False)
-    planner.allocated("a", ([1, 0], [2, 3]), 16)
+    planner.answer("a", 16, 16, False)  # the local hit is block 0 (shared, maybe); the load is block 1
+    planner.allocated("a", ([7, 1, 9], [8, 2, 3]), 16)
     tracker.bind(planner.take())
     tracker.fail_step()
     settled = tracker.settle(None, {})
-    assert (settled.failed_recving, settled.errors) == ({"a"}, {0: {1}, 1: {2, 3}})
+    assert (settled.failed_recving, settled.errors) == ({"a"}, {0: {1}, 1: {2}})
+    one = KVSpec(num_groups=1, num_blocks=64, groups=(KVGroupSpec(block_size=16),))
+    planner, tracker = LoadPlanner(one), LoadTracker(one, owner="host")
+    planner.answer("c", 32, 32, False)
+    planner.allocated("c", ([5, 6, 11, 12, 13],), 32)
+    tracker.bind(planner.take())
+    tracker.fail_step()
+    assert tracker.settle(None, {}).flat_errors == {11, 12}  # vLLM's flat set: the loaded blocks only
     planner.answer("b", 0, 16, False)
     planner.allocated("b", ([4], [5]), 16, failed=True)  # a child failed planning it
     tracker.bind(planner.take())

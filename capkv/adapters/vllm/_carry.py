@@ -11,10 +11,12 @@ from collections.abc import Mapping as Mapping  # dev mode resolves the inherite
 from dataclasses import dataclass
 from typing import Any, Final, Literal, overload
 
+from typing_extensions import Self
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.outputs import KVConnectorOutput as VllmKVConnectorOutput
 
 from capkv.composite._fanout import Failures
+from capkv.composite._handshakes import Handshakes, child_share
 from capkv.composite._native import NOT_CARRIED, IndexedCalls, NotCarried
 from capkv.contracts._engine import BlockIds, KVConnectorOutput, LoadErrors
 from capkv.contracts._engine import WorkerMetadata as WorkerMetadata  # as above
@@ -82,21 +84,24 @@ class VllmOutputCarrier(KVConnectorOutput):
     vllm_output: VllmKVConnectorOutput | None = None
 
 
-class PPHandshakes(dict[int, object]):
+class PPHandshakes(Handshakes):
     """The workers' handshake metadata by tensor-parallel rank (capkv's contract), carrying vLLM's
     ``(pp_rank, tp_rank)``-keyed original for wrapped vLLM children (``set_xfer_handshake_metadata_pp_aware``).
 
     The rank view holds the first pipeline stage's workers, as vLLM's base class hands a connector
-    that is not pipeline-aware.
+    that is not pipeline-aware. A stack's child gets its own share of both views (:meth:`for_child`).
     """
 
     by_pp_rank: dict[tuple[int, int], object]
 
     @classmethod
-    def of(cls, metadata: Mapping[tuple[int, int], object]) -> PPHandshakes:
+    def of(cls, metadata: Mapping[tuple[int, int], object]) -> Self:
         carried = cls({tp_rank: meta for (pp_rank, tp_rank), meta in metadata.items() if pp_rank == 0})
         carried.by_pp_rank = dict(metadata)
         return carried
+
+    def for_child(self, index: int) -> Self:
+        return self.of(child_share(self.by_pp_rank, index))
 
 
 def attribute_load_errors(

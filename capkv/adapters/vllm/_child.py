@@ -104,9 +104,8 @@ class VllmChild(Generic[_V]):
         self._null_block_id = null_block_id
         self._planned_loads: dict[str, BlockIds] = {}
         self._group_of: dict[int, int] = {}
-        self._loading: dict[str, BlockIds] = {}
-        """Worker side: the block tables of loads in flight, for a receive the connector reports failed."""
-        self._failed_blocks: LoadErrors = {}
+        self._failed_receives: set[str] = set()
+        """Worker side: receives the connector reported failed, until the host takes them (vLLM's words)."""
         # Hot calls, bound once; ``Any``: capkv's request protocol stands for vLLM's Request here.
         calls: Any = connector
         self._allocated: Callable[[Any, KVCacheBlocks, int], None] = calls.update_state_after_alloc
@@ -241,7 +240,6 @@ class VllmChild(Generic[_V]):
             return metadata
         group_of = self._group_of  # a block belongs to one group at a time: the latest planned load says which
         null = self._null_block_id
-        self._loading.update(metadata.loads)
         for block_ids in metadata.loads.values():
             for group, ids in enumerate(block_ids):
                 for block_id in ids:
@@ -264,42 +262,27 @@ class VllmChild(Generic[_V]):
         self._inner.wait_for_save()
 
     def get_finished(self, finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
-        """From vLLM's ``get_transfer_results`` (what vLLM's worker calls; failed receives are also
-        finished receives there, and their blocks come through the load errors)."""
+        """From vLLM's ``get_transfer_results`` (what vLLM's worker calls). A failed receive is a finished
+        receive there too; it is kept, as vLLM says it, for the host (:meth:`take_failed_receives`), and
+        the blocks that failed come through the connector's own load errors, no others."""
         if self._uses_get_finished:
             return self._inner.get_finished(finished_req_ids)
         results = self._results(finished_req_ids)
-        loading = self._loading
-        if loading:
-            if results.failed_recving:
-                self._fail_receives(results.failed_recving)
-            for request_id in results.finished_recving or ():
-                loading.pop(request_id, None)
-            for request_id in finished_req_ids:
-                loading.pop(request_id, None)
+        if results.failed_recving:
+            self._failed_receives |= results.failed_recving
         return results.finished_sending or None, results.finished_recving or None
 
-    def _fail_receives(self, request_ids: set[str]) -> None:
-        """A receive vLLM's connector reports failed: every block of its load failed (capkv's channel)."""
-        null = self._null_block_id
-        for request_id in request_ids:
-            for group, ids in enumerate(self._loading.get(request_id, ())):
-                failed = {block_id for block_id in ids if block_id != null}
-                if failed:
-                    self._failed_blocks.setdefault(group, set()).update(failed)
+    def take_failed_receives(self) -> set[str]:
+        """The receives the connector reported failed since the last call (vLLM's ``failed_recving``)."""
+        failed, self._failed_receives = self._failed_receives, set()
+        return failed
 
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         """vLLM's flat set, per group, from the block tables of the planned loads."""
         flat = self._inner.get_block_ids_with_load_errors()
-        failed, self._failed_blocks = self._failed_blocks, {}
         if not flat:
-            return failed
-        errors = attribute_load_errors(
-            flat, self._group_of.get, owner=self._name, method="get_block_ids_with_load_errors"
-        )
-        for group, ids in failed.items():
-            errors.setdefault(group, set()).update(ids)
-        return errors
+            return {}
+        return attribute_load_errors(flat, self._group_of.get, owner=self._name, method="get_block_ids_with_load_errors")
 
     def build_connector_worker_meta(self) -> WorkerMetadata | None:
         return self._inner.build_connector_worker_meta()

@@ -62,6 +62,9 @@ class _Idle(KVConnectorBase[Any]):
     def wait_for_save(self) -> None:
         return None
 
+    def reset_cache(self) -> bool:
+        return True  # holds nothing
+
 
 class MultiConnector(CapkvConnector, SupportsHMA):
     """vLLM's ``MultiConnector`` configuration (``kv_connector_extra_config.connectors``), served by capkv."""

@@ -17,7 +17,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from capkv._homes import publish
 from capkv.adapters.vllm._carry import PPHandshakes, block_ids_from_vllm
@@ -49,6 +49,12 @@ from capkv.errors import ConflictError, FinishError, MetadataError, SubConnector
 __all__ = ["CapkvConnector", "CapkvHMAConnector"]
 
 _log = logging.getLogger("capkv.vllm")
+_NORMAL_FINISH = frozenset(
+    getattr(RequestStatus, name)
+    for name in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION")
+    if hasattr(RequestStatus, name)
+)
+"""vLLM's finishes of a request the model computed tokens for (on every block it loaded)."""
 
 
 class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers):
@@ -99,13 +105,17 @@ class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers)
         host = self.HOST
         spec: KVSpec | None = getattr(self, "spec", None)
         stack = cast("KVConnector", built)
+        bind: object = getattr(built, "bind_kv_spec", None)
+        if spec is not None and isinstance(built, StackNode) and callable(bind):
+            bind(spec)  # where a token's block is: a load the engine has not confirmed masks only its own blocks
         self._built = built
         self.stack: KVConnector = stack if spec is None else instrument(stack, spec)
         self._composite = isinstance(built, StackNode)
         self._vllm_children = vllm_connectors(built)
         """vLLM's connectors in the stack: the calls capkv's contract has no member for go to them."""
         all_leaves = list(leaves(built))
-        self._only_vllm = bool(all_leaves) and all(wrapped_vllm(leaf) is not None for leaf in all_leaves)
+        self._receivers = [leaf for leaf in all_leaves if wrapped_vllm(leaf) is not None]
+        self._only_vllm = bool(all_leaves) and len(self._receivers) == len(all_leaves)
         tops = cast("StackNode", built).children if self._composite else (built,)
         self._stat_keys = [(stats_key(child), wrapped_vllm(child) is not None) for child in tops]
         self._planner = LoadPlanner(spec)
@@ -174,7 +184,14 @@ class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers)
         return self._finish(request, (list(block_ids),))
 
     def _finish(self, request: Request, block_ids: BlockIds) -> tuple[bool, KVTransferParams | None]:
-        groups = self._planner.finishing(request.request_id, block_ids)
+        """The stack's finish. A request that finished normally computed on its KV, so its loads landed,
+        also a synchronous one in the step vLLM has not reported to the connector yet (vLLM finishes a
+        request, e.g. a one-token prefill, before it hands over that step's report): every child gets
+        its blocks. Any other finish (an error, an abort) masks what a load it had may not have filled."""
+        landed = getattr(request, "status", None) in _NORMAL_FINISH
+        groups = self._planner.finishing(request.request_id, block_ids, landed=landed)
+        if landed and self._composite:
+            cast("Any", self._built).loads_landed(request.request_id)
         try:
             return finish_request(self.stack, request, groups)
         except FinishError as exc:
@@ -197,7 +214,7 @@ class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers)
         self.set_xfer_handshake_metadata_pp_aware({(0, rank): meta for rank, meta in metadata.items()})
 
     def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[tuple[int, int], Any]) -> None:
-        """Every child learns the workers' handshakes, vLLM's children with vLLM's
+        """Every child learns what its own workers produced, vLLM's children with vLLM's
         ``(pp_rank, tp_rank)`` keys (as vLLM does, also when there are none); what the stack's
         worker side reported since the KV caches were registered goes to the stack as a step's
         worker metadata, before any request is scheduled."""

@@ -43,6 +43,8 @@ class HostState(VllmOnlyMembers):
     _composite: bool
     _stat_keys: list[tuple[str, bool]]
     """Each top-level child's key in vLLM's per-connector statistics, and whether it is one of vLLM's."""
+    _receivers: list[object]
+    """The wrapped vLLM connectors anywhere in the stack: their failed receives pass through to vLLM."""
     _planner: LoadPlanner
     _tracker: LoadTracker
     _layer_names: tuple[str, ...]

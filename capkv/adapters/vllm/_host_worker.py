@@ -23,6 +23,7 @@ from capkv.adapters.vllm._loads import Settled
 from capkv.adapters.vllm._spec import registered_caches
 from capkv.adapters.vllm._translate import SITS_OUT, HostHandshake, HostWorkerMetadata, host_worker_meta
 from capkv.adapters.vllm._vllm_calls import leaves, wrapped_vllm
+from capkv.composite._handshakes import ChildHandshakes
 from capkv.contracts._engine import AttentionMetadata, ForwardContext
 from capkv.errors import ConflictError
 
@@ -171,7 +172,10 @@ class WorkerMembers(HostState):
             self._contained("get_block_ids_with_load_errors", exc, "every load of this step is reported failed")
             errors = {}
             tracker.fail_step()
-        settled = tracker.settle(recving, errors)
+        failed_receives: set[str] = set()
+        for child in self._receivers:  # vLLM's connectors in the stack: their failed receives, in vLLM's words
+            failed_receives |= cast("Any", child).take_failed_receives()
+        settled = tracker.settle(recving, errors, failed_receives)
         self._settled = settled
         self._flat |= settled.flat_errors
         return settled
@@ -196,9 +200,10 @@ class WorkerMembers(HostState):
         return host_worker_meta(meta, self._composite, errors=errors, landed=settled.landed, failed=settled.failed)
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
-        """The stack's handshake metadata (a vLLM child's as vLLM's composite gives it: the first there
-        is), with what capkv's children have to report once the KV caches are registered (a store's
-        memory layout, without which a scheduler side that never sees a tensor cannot offer blocks)."""
+        """The stack's handshake metadata (a composite's keeps every child's own in its place, so each
+        gets its own back), with what capkv's children have to report once the KV caches are registered
+        (a store's memory layout, without which a scheduler side that never sees a tensor cannot offer
+        blocks). A stack of vLLM's connectors only hands its own on as it is."""
         inner = cast("KVConnectorHandshakeMetadata | None", self.stack.get_handshake_metadata())
         if self._only_vllm:
             return inner
@@ -208,7 +213,9 @@ class WorkerMembers(HostState):
         except Exception as exc:
             self._contained("build_connector_worker_meta", exc, "the registration report is lost")
             report = None
-        return inner if report is None else HostHandshake(inner, report)
+        if report is None and not isinstance(inner, ChildHandshakes):
+            return inner
+        return HostHandshake(inner, report)
 
     def get_mem_pool_context(self) -> AbstractContextManager[object] | None:
         try:

@@ -6,8 +6,10 @@ every load is reported that way (docs/internals.md, "Loads in vLLM").
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from capkv.contracts._engine import BlockIds, LoadErrors
@@ -31,6 +33,10 @@ class PlannedLoad:
     """The stack itself loads asynchronously: its ``finished_recving`` reports it."""
     failed: bool = False
     """The scheduler side could not start it (a child failed planning it): report it failed."""
+    start: int = 0
+    """The first token it loads (the engine's local hit ends there)."""
+    tokens: int = 0
+    """How many tokens it loads: with ``start``, the blocks that fail when it fails as a whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +100,9 @@ class LoadPlanner:
             return
         start, stack_async = asked
         host_async = self.via_requests and not stack_async
-        self._planned.append(PlannedLoad(request_id, block_ids, host_async, stack_async, failed))
+        self._planned.append(
+            PlannedLoad(request_id, block_ids, host_async, stack_async, failed, start, num_external_tokens)
+        )
         self._unconfirmed[request_id] = start
         if host_async:
             self._host_async.add(request_id)
@@ -105,7 +113,7 @@ class LoadPlanner:
             return ()
         planned, self._planned = self._planned, []
         if fail_all:
-            return tuple(PlannedLoad(p.request_id, p.block_ids, p.host_async, p.stack_async, True) for p in planned)
+            return tuple(dataclasses.replace(p, failed=True) for p in planned)
         return tuple(planned)
 
     def reported(self, finished_recving: Iterable[str], landed: Iterable[str], failed: Iterable[str]) -> frozenset[str]:
@@ -126,12 +134,15 @@ class LoadPlanner:
                 own.add(request_id)
         return frozenset(own)
 
-    def finishing(self, request_id: str, block_ids: BlockIds) -> BlockIds:
-        """The blocks the stack may read at finish: from an unconfirmed load on, none (the null block)."""
+    def finishing(self, request_id: str, block_ids: BlockIds, *, landed: bool = False) -> BlockIds:
+        """The blocks the stack may read at finish: from an unconfirmed load on, none (the null block).
+        ``landed``: the engine computed on the request's KV (it finished normally), so every load it
+        had landed, in the very step that ran the last one too (vLLM finishes a request before it
+        hands the connector that step's report)."""
         self._asked.pop(request_id, None)
         self._no_reload.discard(request_id)
         start = self._unconfirmed.pop(request_id, None)
-        if start is None or self._spec is None:
+        if start is None or landed or self._spec is None:
             return block_ids
         null = self._spec.null_block_id
         kept: list[list[int]] = []
@@ -144,11 +155,14 @@ class LoadPlanner:
 class LoadTracker:
     """The worker side's books of loads in flight: attribution of errors, and vLLM's report of them."""
 
-    __slots__ = ("_groups", "_null", "_owner", "_holder", "_loads", "_step", "_failed", "_step_failed", "dropped")
+    __slots__ = (
+        "_groups", "_null", "_sizes", "_owner", "_holder", "_loads", "_step", "_failed", "_step_failed", "dropped",
+    )
 
     def __init__(self, spec: KVSpec | None, *, owner: str) -> None:
         self._groups = 0 if spec is None else spec.num_groups
         self._null = 0 if spec is None else spec.null_block_id
+        self._sizes = () if spec is None else tuple(group.block_size or 1 for group in spec.groups)
         self._owner = owner
         self._holder: list[dict[int, str]] = [{} for _ in range(max(self._groups, 1))]
         """Per group: block id -> the request whose latest planned load holds it."""
@@ -181,14 +195,20 @@ class LoadTracker:
         """The stack could not run this step's loads (it raised): every one of them failed."""
         self._step_failed = True
 
-    def settle(self, recving: Iterable[str] | None, errors: LoadErrors) -> Settled:
-        """Attribute ``errors``, finish this step's loads, and say it on vLLM's channels."""
+    def settle(
+        self, recving: Iterable[str] | None, errors: LoadErrors, failed_receives: AbstractSet[str] = frozenset()
+    ) -> Settled:
+        """Attribute ``errors``, finish this step's loads, and say it on vLLM's channels.
+
+        ``failed_receives``: receives vLLM's connectors in the stack reported failed, in vLLM's words;
+        they pass through as ``failed_recving`` (with any group count, as vLLM's composite passes them),
+        and the blocks that failed are only those the connectors reported."""
         step, self._step = self._step, []
-        if not step and not errors and not recving and not self._loads:
+        if not step and not errors and not recving and not self._loads and not failed_receives:
             return _NOTHING
         loads = self._loads
         kept: LoadErrors = {}
-        failed_now: set[str] = set()
+        failed_now: set[str] = {request_id for request_id in failed_receives if request_id in loads}
         for load in step:
             if load.failed or self._step_failed:
                 failed_now.add(load.request_id)
@@ -214,15 +234,19 @@ class LoadTracker:
             loads.pop(request_id, None)
         landed = frozenset(ended - failed)
         if self._groups > 1:
-            return Settled(finished, failed & finished, set(), kept, landed, frozenset(failed))
+            return Settled(finished, (failed & finished) | failed_receives, set(), kept, landed, frozenset(failed))
         flat: set[int] = set()
         for ids in kept.values():
             flat |= ids
-        return Settled(finished, set(), flat, kept, landed, frozenset(failed))
+        return Settled(finished, set(failed_receives), flat, kept, landed, frozenset(failed))
 
     def _add_blocks(self, errors: LoadErrors, load: PlannedLoad) -> None:
+        """A load that failed as a whole: the blocks it was loading failed, not the request's local hit."""
+        end = load.start + load.tokens
         for group, ids in enumerate(load.block_ids[: len(self._holder)]):
-            real = {block_id for block_id in ids if block_id != self._null}
+            size = self._sizes[group] if group < len(self._sizes) else 1
+            loaded = ids[load.start // size : -(-end // size)]
+            real = {block_id for block_id in loaded if block_id != self._null}
             if real:
                 errors.setdefault(group, set()).update(real)
 

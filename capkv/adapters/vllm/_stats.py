@@ -168,11 +168,7 @@ class HostPromMetrics(KVConnectorPromMetrics):
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self.children = dict(children)
-        self._counter: Any = self._counter_cls(
-            name=_COUNTER,
-            documentation="capkv connectors' counters (blocks and bytes loaded and saved, failures, hits)",
-            labelnames=[*labelnames, "connector", "counter"],
-        )
+        self._counter: Any = _process_counter(self._counter_cls, [*labelnames, "connector", "counter"])
         self._bound: dict[tuple[int, str, str], Any] = {}
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
@@ -194,6 +190,30 @@ class HostPromMetrics(KVConnectorPromMetrics):
                 labels = [*self.per_engine_labelvalues.get(engine_idx, []), connector, counter]
                 bound = self._bound[(engine_idx, connector, counter)] = self._counter.labels(*labels)
             bound.inc(value)
+
+
+_COUNTERS: dict[tuple[object, tuple[str, ...]], Any] = {}
+"""capkv's counter per metric class and labels: registered once per process, whatever the nesting of hosts."""
+
+
+def _process_counter(counter_cls: Any, labelnames: list[str]) -> Any:
+    """The process's capkv counter. Prometheus takes a metric name once per registry: a host nested in
+    a drop-in (or another host) shares the outer one's; one that vLLM unregistered meanwhile (its stat
+    logger drops every ``vllm:`` metric when a new one starts) is registered again."""
+    key = (counter_cls, tuple(labelnames))
+    try:
+        counter: Any = counter_cls(
+            name=_COUNTER,
+            documentation="capkv connectors' counters (blocks and bytes loaded and saved, failures, hits)",
+            labelnames=labelnames,
+        )
+    except ValueError:  # prometheus_client: "Duplicated timeseries in CollectorRegistry"
+        held = _COUNTERS.get(key)
+        if held is None:
+            raise
+        return held
+    _COUNTERS[key] = counter
+    return counter
 
 
 def merge_counts(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ the stack.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, cast
 
 from vllm.distributed.kv_events import KVConnectorKVEvents
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 __all__ = ["VllmOnlyMembers", "load_plans", "serving_leaves", "vllm_connectors"]
+
+_log = logging.getLogger("capkv.vllm")
 
 
 def serving_leaves(stack: object, request_id: str, tokens: int) -> list[tuple[object, int]]:
@@ -131,13 +134,22 @@ class VllmOnlyMembers(KVConnectorBase_V1):
         ]
         return any(accepted)
 
-    def reset_cache(self) -> bool | None:
-        """``False`` when a vLLM child could not reset; ``True`` when every leaf is one of vLLM's and
-        all did; else ``None`` (capkv's stores keep what they hold)."""
-        answers = [child.reset_cache() for child in self._vllm_children]
-        if False in answers:
-            return False
-        return True if self._only_vllm else None
+    def reset_cache(self) -> bool:
+        """Every tier of the stack drops what it holds; ``True`` only when every one did. vLLM's
+        connectors answer by vLLM's rule (anything but ``False``: vLLM's composite counts their ``None``
+        as done); capkv's must answer ``True`` (a store starts a new generation of keys, so nothing from
+        before the reset is served after it); one without ``reset_cache`` keeps what it holds: ``False``."""
+        answers: list[bool] = []
+        for leaf in leaves(self.stack):
+            child = wrapped_vllm(leaf)
+            reset: Any = child.reset_cache if child is not None else getattr(leaf, "reset_cache", None)
+            try:
+                answer: object = reset() if callable(reset) else False
+            except Exception as exc:  # noqa: BLE001 (a tier that could not reset answers no)
+                _log.error("%s.reset_cache: %s raised; answering False", type(self).__name__, leaf, exc_info=exc)
+                answer = False
+            answers.append(answer is not False if child is not None else answer is True)
+        return all(answers)
 
     def finish_forward(self) -> None:
         for child in self._vllm_children:
