@@ -105,11 +105,12 @@ class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers)
         host = self.HOST
         spec: KVSpec | None = getattr(self, "spec", None)
         stack = cast("KVConnector", built)
-        bind: object = getattr(built, "bind_kv_spec", None)
-        if spec is not None and isinstance(built, StackNode) and callable(bind):
-            bind(spec)  # where a token's block is: a load the engine has not confirmed masks only its own blocks
         self._built = built
         self.stack: KVConnector = stack if spec is None else instrument(stack, spec)
+        served: object = getattr(self.stack, "__wrapped__", self.stack)  # dev mode serves a rebuilt composite
+        bind: object = getattr(served, "bind_kv_spec", None)
+        if spec is not None and isinstance(served, StackNode) and callable(bind):
+            bind(spec)  # where a token's block is: a load the engine has not confirmed masks only its own blocks
         self._composite = isinstance(built, StackNode)
         self._vllm_children = vllm_connectors(built)
         """vLLM's connectors in the stack: the calls capkv's contract has no member for go to them."""
@@ -191,7 +192,7 @@ class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers)
         landed = getattr(request, "status", None) in _NORMAL_FINISH
         groups = self._planner.finishing(request.request_id, block_ids, landed=landed)
         if landed and self._composite:
-            cast("Any", self._built).loads_landed(request.request_id)
+            cast("Any", getattr(self.stack, "__wrapped__", self.stack)).loads_landed(request.request_id)
         try:
             return finish_request(self.stack, request, groups)
         except FinishError as exc:
