@@ -172,19 +172,28 @@ def node(model_dir: Path, transfer: Mapping[str, Any], *, groups: int, policy: s
     """A node serving ``transfer`` (a ``kv_transfer_config``). ``handshake``: ``"engine"`` hands the scheduler
     side what the worker side produced, as vLLM's engine core does at start-up; ``"per-child"`` hands each child
     of a composite its own worker child's (what vLLM's composite cannot do: it keeps the first); ``"none"``."""
+    config = engine_config(model_dir, transfer, groups=groups, policy=policy)
+    config.cache_config.num_gpu_blocks = num_blocks
+    kv_config = kv_cache_config(groups, num_blocks)
+    with side_channel():
+        scheduler = Scheduler(vllm_config=config, kv_cache_config=kv_config, structured_output_manager=StructuredOutputManager(config),
+                              block_size=BLOCK, log_stats=True)
+    return _with_worker(scheduler, config, kv_config, groups, handshake)
+
+
+def engine_config(model_dir: Path, transfer: Mapping[str, Any], *, groups: int, policy: str = "fail") -> VllmConfig:
+    """The engine's configuration: the tiny model, blocks of :data:`BLOCK` tokens, vLLM's HMA on for two groups."""
     transfer_config = KVTransferConfig(**{**dict(transfer), "kv_load_failure_policy": policy})
-    config = VllmConfig(
+    return VllmConfig(
         model_config=ModelConfig(model=str(model_dir), dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
         scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=2048,
                                          is_encoder_decoder=False, disable_hybrid_kv_cache_manager=groups == 1),
         kv_transfer_config=transfer_config, device_config=DeviceConfig("cpu"),
     )
-    config.cache_config.num_gpu_blocks = num_blocks
-    kv_config = kv_cache_config(groups, num_blocks)
-    with side_channel():
-        scheduler = Scheduler(vllm_config=config, kv_cache_config=kv_config, structured_output_manager=StructuredOutputManager(config),
-                              block_size=BLOCK, log_stats=True)
+
+
+def _with_worker(scheduler: Scheduler, config: VllmConfig, kv_config: KVCacheConfig, groups: int, handshake: str) -> Node:
     worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_config)
     assert isinstance(worker, KVConnectorBase_V1)
     spec = engine_spec(kv_config, owner="test")
