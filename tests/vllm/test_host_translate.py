@@ -138,6 +138,16 @@ def test_stats_travel_in_vllms_types_per_child_class() -> None:
     assert back.reduce() == outer.reduce() == {"CapkvHMAConnector": {"MultiConnector": {"#2.loaded_blocks": 2}}}
     assert stats_data({1: {"hit_tokens": 64}}) == {"#2": {"hit_tokens": 64}}
     assert merge_counts({"a": 1, "b": "x"}, {"a": 2, "b": "y", "c": True}) == {"a": 3, "b": "y", "c": True}
+    # a vLLM connector inside a nested capkv composite reports at the top under its class, as in vLLM's composite
+    from capkv.adapters.vllm._stats import StatNode
+
+    tree = [StatNode("MultiConnector", False, (StatNode("ExampleConnector", True), StatNode("FileStoreConnector", False)))]
+    lifted = host_stats(tree, {0: {0: Theirs({"xfers": [1.0, 2.0]}), 1: {"saved_blocks": 3}}}, {}, composite=True)
+    assert lifted is not None and lifted.reduce() == {
+        "MultiConnector": {"#2.saved_blocks": 3}, "ExampleConnector": {"Num transfers": 2},
+    }
+    only = host_stats(tree, {0: {0: Theirs({"xfers": [1.0]})}}, {}, composite=True)
+    assert only is not None and only.reduce() == {"ExampleConnector": {"Num transfers": 1}}
     nested = CapkvStats({"#2": {"loaded_blocks": 4}})
     assert nested.reduce() == {"#2.loaded_blocks": 4} and not nested.is_empty()
     nested.reset()

@@ -106,3 +106,26 @@ def test_a_reset_answers_true_only_when_every_tier_dropped_what_it_held(model_di
     finally:
         held.shutdown()
         dropped.shutdown()
+
+
+def test_a_vllm_connectors_statistics_inside_a_nested_capkv_composite_reach_vllms_logs(model_dir: Path) -> None:
+    """NIXL two composites deep in a host's stack reports under its own class at the top, as vLLM's composite
+    keys it (its statistics object is what vLLM's loggers reduce), and its failed handshake is counted."""
+    from tests.vllm.pd_harness import node
+    from tests.vllm.pd_stacks import pull_params
+
+    inner = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
+        nixl("kv_consumer", "nested-stats"), store()]}}
+    stack = {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [inner, store()]}}
+    host = {"kv_connector": "CapkvHMAConnector", "kv_connector_module_path": "capkv.vllm", "kv_role": "kv_consumer",
+            "engine_id": "D", "kv_connector_extra_config": {"stack": stack}}
+    served = node(model_dir, host, groups=2)
+    try:
+        served.add("pull", prompt(4 * BLOCK, seed=9), max_tokens=1,
+                   params=pull_params("unreachable", "p-9", [[1, 2, 3, 4]] * 2, 4 * BLOCK))
+        stats: dict[str, Any] = {}
+        for record in served.run(3):
+            stats.update(record["stats"])
+    finally:
+        served.shutdown()
+    assert stats.get("NixlLike", {}).get("num_failed_handshakes") == [1], stats

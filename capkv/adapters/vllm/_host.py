@@ -24,7 +24,7 @@ from capkv.adapters.vllm._carry import PPHandshakes, block_ids_from_vllm
 from capkv.adapters.vllm._contain import Contained
 from capkv.adapters.vllm._host_class import ClassLevelMembers
 from capkv.adapters.vllm._host_facts import AsyncLoads, check_told
-from capkv.adapters.vllm._host_stats import StatsMembers, stats_key
+from capkv.adapters.vllm._host_stats import StatsMembers, stat_node
 from capkv.adapters.vllm._host_worker import WorkerMembers
 from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
 from capkv.adapters.vllm._members import complete
@@ -118,7 +118,7 @@ class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers)
         self._receivers = [leaf for leaf in all_leaves if wrapped_vllm(leaf) is not None]
         self._only_vllm = bool(all_leaves) and len(self._receivers) == len(all_leaves)
         tops = cast("StackNode", built).children if self._composite else (built,)
-        self._stat_keys = [(stats_key(child), wrapped_vllm(child) is not None) for child in tops]
+        self._stat_keys = [stat_node(child) for child in tops]
         self._planner = LoadPlanner(spec)
         self._tracker = LoadTracker(spec, owner=host)
         self._layer_names = () if spec is None else tuple(n for g in spec.groups for n in g.layer_names)

@@ -19,6 +19,7 @@ from capkv.errors import MetadataError
 import torch
 
 from capkv.adapters.vllm._contain import Contained
+from capkv.adapters.vllm._stats import StatNode
 from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker, Settled
 from capkv.config._loader import ConfiguredNode  # at run time: dev mode's beartype resolves the hints
 
@@ -41,7 +42,7 @@ class HostState(VllmOnlyMembers):
     _built: object
     """The stack as built (not instrumented)."""
     _composite: bool
-    _stat_keys: list[tuple[str, bool]]
+    _stat_keys: list[StatNode]
     """Each top-level child's key in vLLM's per-connector statistics, and whether it is one of vLLM's."""
     _receivers: list[object]
     """The wrapped vLLM connectors anywhere in the stack: their failed receives pass through to vLLM."""

@@ -13,10 +13,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorStats
 
 from capkv.adapters.vllm._host_state import HostState
-from capkv.adapters.vllm._stats import MARK, host_stats, merge_counts
+from capkv.adapters.vllm._stats import MARK, StatNode, host_stats, merge_counts
 from capkv.adapters.vllm._vllm_calls import wrapped_vllm
+from capkv.capabilities._hma import StackNode
 
-__all__ = ["StatsMembers", "stats_key"]
+__all__ = ["StatsMembers", "stat_node", "stats_key"]
 
 
 class StatsMembers(HostState):
@@ -66,6 +67,13 @@ def _unmarked(value: object) -> object:
         items = cast("Mapping[str, object]", value).items()
         return {key: _unmarked(inner) for key, inner in items if key != MARK}
     return value
+
+
+def stat_node(child: object) -> StatNode:
+    """How ``child``'s statistics are keyed, a nested composite's children included."""
+    bare: object = getattr(child, "__wrapped__", child)
+    nested = tuple(stat_node(c) for c in bare.children) if isinstance(bare, StackNode) else ()
+    return StatNode(stats_key(child), wrapped_vllm(child) is not None, nested)
 
 
 def stats_key(child: object) -> str:

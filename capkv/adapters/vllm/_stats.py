@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -20,6 +20,7 @@ __all__ = [
     "CapkvStats",
     "HostStats",
     "HostPromMetrics",
+    "StatNode",
     "host_stats",
     "merge_counts",
     "rebuild_stats",
@@ -75,33 +76,64 @@ def stats_data(stats: object) -> dict[str, Any]:
     return data
 
 
+class StatNode(NamedTuple):
+    """A child of a hosted stack as its statistics are keyed: its key (class name), whether it is one of
+    vLLM's connectors, and a nested composite's children."""
+
+    key: str
+    vllm: bool
+    children: tuple[StatNode, ...] = ()
+
+
 def host_stats(
-    children: Sequence[tuple[str, bool]], stats: object, own: Mapping[str, int], *, composite: bool
+    children: Sequence[StatNode | tuple[str, bool]], stats: object, own: Mapping[str, int], *, composite: bool
 ) -> MultiKVConnectorStats | None:
     """The stack's statistics as vLLM's composite reports its children's.
 
-    ``children``: per child of the hosted stack, its key (class name) and whether it
-    is one of vLLM's connectors; ``stats``: the stack's ``get_kv_connector_stats()``
-    (by child index for a composite, the leaf's own for a one-connector stack).
+    ``children``: per child of the hosted stack, its :class:`StatNode`; ``stats``: the
+    stack's ``get_kv_connector_stats()`` (by child index for a composite, the leaf's own
+    for a one-connector stack). A vLLM connector inside a nested capkv composite reports
+    at the top, under its class, as it would in vLLM's composite (its statistics object is
+    what vLLM's loggers reduce); the nested composite keeps its capkv children's counters.
     """
     per_child: Iterable[tuple[int, object]]
     if not composite:
         per_child = () if stats is None else ((0, stats),)
     else:
         per_child = cast("Mapping[int, object]", stats or {}).items()
+    lifted: list[tuple[str, KVConnectorStats]] = []
     result: MultiKVConnectorStats | None = None  # a HostStats once anything is added
     for index, value in per_child:
         if value is None or not 0 <= index < len(children):
             continue
-        key, is_vllm = children[index]
-        if is_vllm and isinstance(value, KVConnectorStats):
+        node = StatNode(*children[index])
+        if node.vllm and isinstance(value, KVConnectorStats):
             child: KVConnectorStats = value
         else:
-            child = CapkvStats(stats_data(value))
-        result = _add(result, key, child)
+            rest = _lifted(node.children, value, lifted)
+            if node.children and rest == {}:  # a nested composite whose statistics were all vLLM connectors'
+                continue
+            child = CapkvStats(stats_data(rest))
+        result = _add(result, node.key, child)
+    for key, found in lifted:
+        result = _add(result, key, found)
     if own:
         result = _add(result, HOST_KEY, CapkvStats(dict(own)))
     return result
+
+
+def _lifted(nested: tuple[StatNode, ...], stats: object, lifted: list[tuple[str, KVConnectorStats]]) -> object:
+    """A nested composite's statistics without its vLLM connectors' (each appended to ``lifted``)."""
+    if not nested or not isinstance(stats, Mapping):
+        return stats
+    kept: dict[object, object] = {}
+    for index, value in cast("Mapping[object, object]", stats).items():
+        node = nested[index] if isinstance(index, int) and 0 <= index < len(nested) else None
+        if node is not None and node.vllm and isinstance(value, KVConnectorStats):
+            lifted.append((node.key, value))
+            continue
+        kept[index] = value if node is None else _lifted(node.children, value, lifted)
+    return kept
 
 
 def _add(into: MultiKVConnectorStats | None, key: str, stats: KVConnectorStats) -> MultiKVConnectorStats:
