@@ -52,6 +52,27 @@ def test_a_request_finishing_before_its_load_is_confirmed_hands_over_no_loaded_b
     assert planner.finishing("b", ([7, 8], [9, 10])) == ([7, 8], [9, 10])  # confirmed: every block is real
 
 
+def test_a_load_is_confirmed_once_every_worker_reported_it_landed() -> None:
+    """Tensor parallelism: each worker loads its shard, and one may report a step after another; until the
+    last one did, a request that ends hands the stack none of the load's blocks."""
+    from capkv import KVGroupSpec, KVShard, KVSpec
+    from capkv.adapters.vllm._loads import LoadPlanner
+
+    spec = KVSpec(num_groups=1, num_blocks=64, groups=(KVGroupSpec(block_size=16),), shard=KVShard(tp_size=2))
+    planner = LoadPlanner(spec)
+    planner.answer("a", 16, 32, True)
+    planner.allocated("a", ([1, 2, 3],), 32)
+    planner.take()
+    planner.reported((), {"a": 1}, ())  # rank 0's report; rank 1's load still runs
+    assert planner.finishing("a", ([1, 2, 3],)) == ([1, 0, 0],)
+    planner.answer("b", 16, 32, True)
+    planner.allocated("b", ([4, 5, 6],), 32)
+    planner.take()
+    planner.reported((), {"b": 1}, ())
+    planner.reported((), ["b"], ())  # a step later, rank 1's
+    assert planner.finishing("b", ([4, 5, 6],)) == ([4, 5, 6],)
+
+
 def test_one_group_reports_flat_block_ids_for_sync_and_async_loads() -> None:
     from capkv import KVGroupSpec, KVSpec
     from capkv.adapters.vllm._loads import LoadPlanner, LoadTracker
@@ -103,7 +124,7 @@ def test_stats_travel_in_vllms_types_per_child_class() -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
     from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiKVConnectorStats
 
-    from capkv.adapters.vllm._stats import CapkvStats, host_stats, merge_counts, rebuild_stats, stats_data
+    from capkv.adapters.vllm._stats import CapkvStats, StatNode, host_stats, merge_counts, rebuild_stats, stats_data
 
     class Theirs(KVConnectorStats):
         def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
@@ -112,7 +133,7 @@ def test_stats_travel_in_vllms_types_per_child_class() -> None:
         def reduce(self) -> dict[str, int | float]:
             return {"Num transfers": len(self.data["xfers"])}
 
-    children = [("FileStoreConnector", False), ("ExampleConnector", True), ("FileStoreConnector", False)]
+    children = [StatNode("FileStoreConnector", False), StatNode("ExampleConnector", True), StatNode("FileStoreConnector", False)]
     stats = host_stats(
         children, {0: {"loaded_blocks": 2}, 1: Theirs({"xfers": [1.0]}), 2: {"loaded_blocks": 3, "hit_tokens": 64}},
         {"contained_errors": 1}, composite=True,
@@ -123,24 +144,22 @@ def test_stats_travel_in_vllms_types_per_child_class() -> None:
         "ExampleConnector": {"Num transfers": 1},
         "capkv": {"contained_errors": 1},
     }
-    assert host_stats([("FileStoreConnector", False)], {"saved_blocks": 4}, {}, composite=False) is not None
-    assert host_stats([("FileStoreConnector", False)], None, {}, composite=False) is None
+    assert host_stats([StatNode("FileStoreConnector", False)], {"saved_blocks": 4}, {}, composite=False) is not None
+    assert host_stats([StatNode("FileStoreConnector", False)], None, {}, composite=False) is None
     # across processes: rebuilt per key; capkv's connectors by capkv's registry, vLLM's by vLLM's
     rebuilt = rebuild_stats({"FileStoreConnector": {"loaded_blocks": 5}, "capkv": {"contained_errors": 1}})
     assert rebuilt.data == {"FileStoreConnector": CapkvStats({"loaded_blocks": 5}), "capkv": CapkvStats({"contained_errors": 1})}
     with pytest.raises(ValueError, match="Connector 'NoSuchConnector' is not registered"):
         rebuild_stats({"NoSuchConnector": {}})
     # a capkv child named as a vLLM connector is (MultiConnector), and a nested host's statistics, cross a process
-    nested = host_stats([("MultiConnector", False)], {0: {1: {"loaded_blocks": 2}}}, {}, composite=True)
-    outer = host_stats([("CapkvHMAConnector", True)], {0: nested}, {}, composite=True)
+    nested = host_stats([StatNode("MultiConnector", False)], {0: {1: {"loaded_blocks": 2}}}, {}, composite=True)
+    outer = host_stats([StatNode("CapkvHMAConnector", True)], {0: nested}, {}, composite=True)
     assert outer is not None
     back = rebuild_stats(outer.to_dict())
     assert back.reduce() == outer.reduce() == {"CapkvHMAConnector": {"MultiConnector": {"#2.loaded_blocks": 2}}}
     assert stats_data({1: {"hit_tokens": 64}}) == {"#2": {"hit_tokens": 64}}
     assert merge_counts({"a": 1, "b": "x"}, {"a": 2, "b": "y", "c": True}) == {"a": 3, "b": "y", "c": True}
     # a vLLM connector inside a nested capkv composite reports at the top under its class, as in vLLM's composite
-    from capkv.adapters.vllm._stats import StatNode
-
     tree = [StatNode("MultiConnector", False, (StatNode("ExampleConnector", True), StatNode("FileStoreConnector", False)))]
     lifted = host_stats(tree, {0: {0: Theirs({"xfers": [1.0, 2.0]}), 1: {"saved_blocks": 3}}}, {}, composite=True)
     assert lifted is not None and lifted.reduce() == {
@@ -168,7 +187,7 @@ def test_worker_metadata_travels_in_vllms_composite_envelope() -> None:
     merged = one.aggregate(two)
     assert stack_worker_meta(merged, False) == SaveReport(loaded_through=3)
     assert merged.errors == {0: frozenset({1, 2}), 1: frozenset({3})}
-    assert (merged.landed, merged.failed) == (frozenset({"a"}), frozenset({"b"}))  # failed on any worker: failed
+    assert (merged.landed, merged.failed) == ({"a": 2}, frozenset({"b"}))  # failed on any worker: failed
     per_child = host_worker_meta(MultiWorkerMetadata((None, SaveReport(loaded_through=1))), True)
     assert per_child.metadata == (None, SaveReport(loaded_through=1))  # vLLM's composite's shape
     assert stack_worker_meta(per_child, True) == MultiWorkerMetadata((None, SaveReport(loaded_through=1)))
@@ -225,3 +244,21 @@ def test_class_level_facts_answer_from_the_configured_classes() -> None:
     assert CapkvConnector.requires_piecewise_for_cudagraph({"stack": stack}) is False
     assert configured_fact(load_hosted({"kv_connector": "CPUOffloadConnector"}), "get_required_kvcache_layout",
                            vllm_config=None) is None
+
+
+def test_a_connector_vllm_checks_by_name_is_named_where_vllm_does_not_look(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's configuration checks find NixlConnector only at the top level or among a "MultiConnector"'s own
+    entries: behind a host (or nested deeper in the drop-in) capkv says so, naming it."""
+    from capkv.adapters.vllm._stack import load_hosted
+    from capkv.adapters.vllm._visibility import warn_hidden
+
+    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    store = {"kv_connector": "CPUOffloadConnector", "kv_connector_extra_config": {"capacity_blocks": 8}}
+    flat = load_hosted({"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [nixl, store]}})
+    assert warn_hidden("MultiConnector", flat, top_level_visible=True) == []
+    with caplog.at_level("WARNING", logger="capkv.vllm"):
+        assert warn_hidden("CapkvHMAConnector", flat, top_level_visible=False) == ["#1 NixlConnector"]
+    assert "vLLM's configuration checks for #1 NixlConnector do not see it" in caplog.text
+    deeper = load_hosted({"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [
+        {"kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [store, nixl]}}]}})
+    assert warn_hidden("MultiConnector", deeper, top_level_visible=True) == ["#1.2 NixlConnector"]

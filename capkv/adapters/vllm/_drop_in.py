@@ -20,6 +20,7 @@ from capkv.adapters.vllm._child import wrap
 from capkv.adapters.vllm._host import CapkvConnector
 from capkv.adapters.vllm._members import complete
 from capkv.adapters.vllm._stack import Engine, build_hosted, load_hosted
+from capkv.adapters.vllm._visibility import warn_hidden
 from capkv.adapters.vllm._vllm_calls import load_plans, wrapped_vllm
 from capkv.capabilities._hma import StackNode, explain_not_hma, non_hma_children, supports_hma
 from capkv.composite._multi import MultiConnector as CapkvMultiConnector
@@ -83,7 +84,9 @@ class MultiConnector(CapkvConnector, SupportsHMA):
         return load_hosted(drop_in_stack(extra))
 
     def _check_configured(self, configured: ConfiguredNode | None) -> None:
-        """vLLM decided HMA from the children already; say which child turned it off (once)."""
+        """vLLM decided HMA from the children already; say which child turned it off (once), and which
+        connector vLLM checks by name sits where it does not look."""
+        warn_hidden(DROP_IN, configured, top_level_visible=True)
         if configured is None or supports_hma(configured):
             return
         message = (

@@ -32,6 +32,7 @@ from capkv.adapters.vllm._request import read_vllm_requests
 from capkv.adapters.vllm._spec import engine_shard, engine_spec
 from capkv.adapters.vllm._stack import Engine, build_hosted, configured_fact
 from capkv.adapters.vllm._translate import SITS_OUT, HostHandshake, HostMetadata, to_capkv_output
+from capkv.adapters.vllm._visibility import warn_hidden
 from capkv.adapters.vllm._vllm_calls import leaves, vllm_connectors, wrapped_vllm
 from capkv.capabilities._facts import LAYOUT, NEEDS_INSTANCE
 from capkv.capabilities._hma import StackNode
@@ -91,6 +92,7 @@ class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers)
 
     def _check_configured(self, configured: ConfiguredNode | None) -> None:
         require_host_capability(self.HOST, configured)
+        warn_hidden(self.HOST, configured, top_level_visible=False)
 
     def _check_built(self, built: object) -> None:
         require_host_capability(self.HOST, built)

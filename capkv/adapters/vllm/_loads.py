@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import cast
 
 from capkv.contracts._engine import BlockIds, LoadErrors
 from capkv.contracts._spec import KVSpec
@@ -63,11 +64,16 @@ _NOTHING = Settled(set(), set(), set(), {}, frozenset(), frozenset())
 class LoadPlanner:
     """The scheduler side's books of loads: answers to vLLM, loads to ship, confirmations."""
 
-    __slots__ = ("_spec", "_groups", "_asked", "_planned", "_host_async", "_unconfirmed", "_no_reload")
+    __slots__ = ("_spec", "_groups", "_workers", "_asked", "_planned", "_host_async", "_unconfirmed", "_landings",
+                 "_no_reload")
 
     def __init__(self, spec: KVSpec | None) -> None:
         self._spec = spec
         self._groups = 0 if spec is None else spec.num_groups
+        self._workers = 1 if spec is None else spec.shard.count
+        """Every tensor- and pipeline-parallel worker loads its shard: a load landed once each reported it."""
+        self._landings: dict[str, int] = {}
+        """Request -> how many workers reported its unconfirmed load landed so far."""
         self._asked: dict[str, tuple[int, bool]] = {}
         """Request -> (local computed tokens, the stack's load_async) of its last answered lookup with a hit."""
         self._planned: list[PlannedLoad] = []
@@ -116,12 +122,26 @@ class LoadPlanner:
             return tuple(dataclasses.replace(p, failed=True) for p in planned)
         return tuple(planned)
 
-    def reported(self, finished_recving: Iterable[str], landed: Iterable[str], failed: Iterable[str]) -> frozenset[str]:
-        """The workers' news; returns the finished receives the stack itself expected."""
-        for request_id in landed:
-            self._unconfirmed.pop(request_id, None)
+    def reported(
+        self, finished_recving: Iterable[str], landed: Mapping[str, int] | Iterable[str], failed: Iterable[str]
+    ) -> frozenset[str]:
+        """The workers' news (``landed``: by how many workers, or one each); returns the finished receives the
+        stack itself expected. A load is confirmed once every worker reported it landed."""
+        counted: Iterable[tuple[str, int]] = (
+            cast("Mapping[str, int]", landed).items() if isinstance(landed, Mapping)
+            else ((request_id, 1) for request_id in landed)
+        )
+        for request_id, workers in counted:
+            if request_id not in self._unconfirmed:
+                continue
+            seen = self._landings.pop(request_id, 0) + workers
+            if seen >= self._workers:
+                del self._unconfirmed[request_id]
+            else:
+                self._landings[request_id] = seen
         for request_id in failed:
             self._unconfirmed.pop(request_id, None)
+            self._landings.pop(request_id, None)
             self._no_reload.add(request_id)
         host_async = self._host_async
         if not host_async:
@@ -142,6 +162,7 @@ class LoadPlanner:
         self._asked.pop(request_id, None)
         self._no_reload.discard(request_id)
         start = self._unconfirmed.pop(request_id, None)
+        self._landings.pop(request_id, None)
         if start is None or landed or self._spec is None:
             return block_ids
         null = self._spec.null_block_id

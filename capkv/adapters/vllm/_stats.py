@@ -86,7 +86,7 @@ class StatNode(NamedTuple):
 
 
 def host_stats(
-    children: Sequence[StatNode | tuple[str, bool]], stats: object, own: Mapping[str, int], *, composite: bool
+    children: Sequence[StatNode], stats: object, own: Mapping[str, int], *, composite: bool
 ) -> MultiKVConnectorStats | None:
     """The stack's statistics as vLLM's composite reports its children's.
 
@@ -106,7 +106,7 @@ def host_stats(
     for index, value in per_child:
         if value is None or not 0 <= index < len(children):
             continue
-        node = StatNode(*children[index])
+        node = children[index]
         if node.vllm and isinstance(value, KVConnectorStats):
             child: KVConnectorStats = value
         else:

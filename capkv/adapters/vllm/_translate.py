@@ -62,8 +62,9 @@ class HostWorkerMetadata(MultiKVConnectorWorkerMetadata):
     metadata: tuple[Any, ...]  # capkv's children's reports are capkv's types
     errors: Mapping[int, frozenset[int]] = field(default_factory=lambda: dict[int, frozenset[int]]())
     """Load errors per group, attributed to loads in flight."""
-    landed: frozenset[str] = frozenset()
-    """Loads that ended with every block loaded."""
+    landed: Mapping[str, int] = field(default_factory=lambda: dict[str, int]())
+    """Loads that ended with every block loaded, each with how many workers' reports say so (a load is
+    over once every worker's is: a worker's may end a step after another's)."""
     failed: frozenset[str] = frozenset()
     """Loads that ended with a failed block."""
 
@@ -85,7 +86,11 @@ class HostWorkerMetadata(MultiKVConnectorWorkerMetadata):
         for group, ids in other.errors.items():
             errors[group] = errors.get(group, frozenset()) | ids
         failed = self.failed | other.failed
-        return HostWorkerMetadata(children, errors, (self.landed | other.landed) - failed, failed)
+        landed = {
+            request_id: self.landed.get(request_id, 0) + other.landed.get(request_id, 0)
+            for request_id in (*self.landed, *other.landed) if request_id not in failed
+        }
+        return HostWorkerMetadata(children, errors, landed, failed)
 
 
 def host_worker_meta(
@@ -97,7 +102,7 @@ def host_worker_meta(
         children: tuple[Any, ...] = stack_meta.children
     else:
         children = (stack_meta,)
-    return HostWorkerMetadata(children, errors or {}, landed, failed)
+    return HostWorkerMetadata(children, errors or {}, dict.fromkeys(landed, 1), failed)
 
 
 def stack_worker_meta(meta: MultiKVConnectorWorkerMetadata, composite: bool) -> WorkerMetadata | None:
