@@ -111,8 +111,10 @@ class Node:
         ids = list(output.num_scheduled_tokens)
         sampled = [[TOKEN] if scheduler.requests[i].num_computed_tokens >= scheduler.requests[i].num_tokens else []
                    for i in ids]
-        runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={i: n for n, i in enumerate(ids)},
-                                   sampled_token_ids=sampled, kv_connector_output=kv)
+        fields: dict[str, Any] = {"req_ids": ids, "sampled_token_ids": sampled, "kv_connector_output": kv}
+        if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:  # vLLM 0.32 (0.34 indexes by position)
+            fields["req_id_to_index"] = {i: n for n, i in enumerate(ids)}
+        runner = ModelRunnerOutput(**fields)
         engine_outputs = scheduler.update_from_output(output, runner)
         outputs, stats = [], {}
         for core in engine_outputs.values():

@@ -6,6 +6,7 @@ vLLM's real ``Scheduler`` drives the stacks (:mod:`tests.vllm.pd_harness`); NIXL
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,11 @@ def _hit_after_save(scene: Scene) -> list[int]:
     assert not node.scheduler.requests
     assert node.scheduler.reset_prefix_cache()
     node.add("again", text, max_tokens=1)
-    for _ in range(20):
+    deadline = time.monotonic() + 30  # a file store reads on its reader thread: the load lands in its own time
+    while "again" in node.scheduler.requests and time.monotonic() < deadline:
         node.step()
-        if "again" not in node.scheduler.requests:
-            break
+        time.sleep(0.01)
+    assert "again" not in node.scheduler.requests, "the request did not finish within 30 s"
     return [n for s in node.steps for (rid, n) in s["scheduled"] if rid == "again"]
 
 
