@@ -21,9 +21,12 @@ NULL = 0
 
 class Faulty(KVConnectorBase[ComputedTokenRequest]):
     def __init__(
-        self, *, claim: bool = False, load_async: bool = False, fail_load: bool = False, raise_in: tuple[str, ...] = ()
+        self, *, claim: bool = False, load_async: bool = False, fail_load: bool = False, raise_in: tuple[str, ...] = (),
+        min_local: int = 0,
     ) -> None:
         self.claim = claim
+        self.min_local = min_local
+        """Claim only beyond a local prefix hit of at least this many tokens."""
         self.load_async = load_async
         self.fail_load = fail_load
         self.raise_in = frozenset(raise_in)
@@ -41,7 +44,7 @@ class Faulty(KVConnectorBase[ComputedTokenRequest]):
 
     def get_num_new_matched_tokens(self, request: ComputedTokenRequest, num_computed_tokens: int, /) -> tuple[int | None, bool]:
         self._maybe_raise("get_num_new_matched_tokens")
-        if not self.claim:
+        if not self.claim or num_computed_tokens < self.min_local:
             return 0, False
         claimed = (len(request.all_token_ids) - 1) // BLOCK * BLOCK
         tokens = max(claimed - num_computed_tokens, 0)

@@ -52,9 +52,9 @@ the allocator, and a capkv store's name is not there (with the allocator forced 
 def _comparable(record: dict[str, Any], *, flat_reference: bool) -> dict[str, Any]:
     record = dict(record)
     stats = _unmarked(record["stats"])
-    stats.pop("capkv", None)
     if flat_reference and "CapkvHMAConnector" in stats:
         stats.update(stats.pop("CapkvHMAConnector"))
+    stats.pop("capkv", None)
     record["stats"] = stats
     return record
 
@@ -176,3 +176,38 @@ def test_a_one_token_prefill_hands_nixl_its_blocks_and_a_reset_reaches_the_tier(
     assert answered is True
     after = [n for s in steps for (rid, n) in s["scheduled"] if rid == "after"]
     assert after == [4 * BLOCK], "nothing saved before the reset is served after it"
+
+
+# ---- a child raising while a load is under way, beside a request sharing the load's prefix -------------------
+
+
+def _raising(scene: Scene) -> None:
+    node = scene.node
+    shared = prompt(2 * BLOCK, seed=11)
+    node.add("run", prompt(4 * BLOCK, seed=12, prefix=shared), max_tokens=8)
+    node.run(2)
+    node.add("load", prompt(5 * BLOCK, seed=13, prefix=shared), max_tokens=3)  # the tier claims beyond the prefix
+    node.run(8)
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize(("tier", "groups"), [("hma-host", 1), ("hma-host", 2), ("flat", 1)])
+def test_a_child_raising_while_loading_fails_only_that_loads_blocks(
+    model_dir: Path, tier: str, groups: int, order: str, policy: str
+) -> None:
+    """A capkv tier raises in ``start_load_kv``: its host contains it and fails that step's load — the blocks it
+    was loading, never the prefix the running request shares."""
+    raising = {"kv_connector": "tests.vllm.faulty:Faulty", "kv_connector_extra_config": {
+        "claim": True, "raise_in": ["start_load_kv"], "min_local": 2 * BLOCK}}
+    steps, _, raised = _conform(model_dir, _raising, tier=tier, role="kv_consumer", order=order, groups=groups,
+                                policy=policy, leaf=raising)
+    assert raised is None
+    shared = _blocks_of(steps, "run")
+    invalid = {block for s in steps for block in s["invalid_block_ids"]}
+    assert not invalid & shared, "the shared prefix is never reported invalid"
+    assert bool(invalid) == (groups == 1) and any("load" in s["failed_recving"] for s in steps) == (groups > 1)
+    computed = [n for s in steps for (rid, _, n) in s["states"] if rid == "run"]
+    assert computed == sorted(computed) and len(set(computed)) == len(computed)
+    finishes = {rid: reason for s in steps for (rid, _, reason, _) in s["outputs"] if reason != "None"}
+    assert finishes["run"] == "length" and finishes["load"] == ("error" if policy == "fail" else "length")
