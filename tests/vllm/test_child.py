@@ -373,3 +373,20 @@ def test_the_wrapped_vllm_connectors_of_a_stack_are_found_for_vllm_only_calls() 
 
     assert vllm_connectors(stack) == [a, b]
     assert vllm_connectors(capkv.devmode.instrument(stack, capkv.KVSpec(num_groups=2, num_blocks=64, null_block_id=0))) == [a, b]
+
+
+def test_outside_a_host_a_failed_receive_fails_every_block_of_its_load() -> None:
+    """capkv's contract has no request-level failure: a stack run by another engine hears of a failed receive
+    as load errors for its load's blocks; a host takes it in vLLM's words instead (tests/vllm/test_host_forwarding)."""
+    from capkv.adapters.vllm._receives import FailedReceives
+
+    receives = FailedReceives(0)
+    receives.planned({"r": ([0, 4, 5], [6]), "s": ([7],)})
+    receives.reported({"r"}, ["r", "s"])
+    assert receives.errors() == {0: {4, 5}, 1: {6}}
+    assert receives.errors() == {}
+    hosted = FailedReceives(0)
+    assert hosted.take() == set()
+    hosted.planned({"r": ([4],)})
+    hosted.reported({"r"}, ["r"])
+    assert hosted.errors() == {} and hosted.take() == {"r"}

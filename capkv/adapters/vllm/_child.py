@@ -29,6 +29,7 @@ from capkv.adapters.vllm._carry import (
     pass_output,
 )
 from capkv.adapters.vllm._hma_rule import check_vllm_connector, is_hma_vllm_connector
+from capkv.adapters.vllm._receives import FailedReceives
 from capkv.adapters.vllm._translate import to_vllm_output
 from capkv.composite._native import NativeCalls
 from capkv.contracts._engine import (
@@ -104,8 +105,7 @@ class VllmChild(Generic[_V]):
         self._null_block_id = null_block_id
         self._planned_loads: dict[str, BlockIds] = {}
         self._group_of: dict[int, int] = {}
-        self._failed_receives: set[str] = set()
-        """Worker side: receives the connector reported failed, until the host takes them (vLLM's words)."""
+        self._receives = FailedReceives(null_block_id)
         # Hot calls, bound once; ``Any``: capkv's request protocol stands for vLLM's Request here.
         calls: Any = connector
         self._allocated: Callable[[Any, KVCacheBlocks, int], None] = calls.update_state_after_alloc
@@ -240,6 +240,7 @@ class VllmChild(Generic[_V]):
             return metadata
         group_of = self._group_of  # a block belongs to one group at a time: the latest planned load says which
         null = self._null_block_id
+        self._receives.planned(metadata.loads)
         for block_ids in metadata.loads.values():
             for group, ids in enumerate(block_ids):
                 for block_id in ids:
@@ -263,26 +264,28 @@ class VllmChild(Generic[_V]):
 
     def get_finished(self, finished_req_ids: set[str], /) -> tuple[set[str] | None, set[str] | None]:
         """From vLLM's ``get_transfer_results`` (what vLLM's worker calls). A failed receive is a finished
-        receive there too; it is kept, as vLLM says it, for the host (:meth:`take_failed_receives`), and
-        the blocks that failed come through the connector's own load errors, no others."""
+        receive there too; its failure is kept for the host, in vLLM's words (:meth:`take_failed_receives`),
+        or, outside a host, becomes load errors (:mod:`._receives`)."""
         if self._uses_get_finished:
             return self._inner.get_finished(finished_req_ids)
         results = self._results(finished_req_ids)
-        if results.failed_recving:
-            self._failed_receives |= results.failed_recving
+        self._receives.reported(results.failed_recving, (*(results.finished_recving or ()), *finished_req_ids))
         return results.finished_sending or None, results.finished_recving or None
 
     def take_failed_receives(self) -> set[str]:
         """The receives the connector reported failed since the last call (vLLM's ``failed_recving``)."""
-        failed, self._failed_receives = self._failed_receives, set()
-        return failed
+        return self._receives.take()
 
     def get_block_ids_with_load_errors(self) -> LoadErrors:
         """vLLM's flat set, per group, from the block tables of the planned loads."""
+        failed = self._receives.errors()
         flat = self._inner.get_block_ids_with_load_errors()
         if not flat:
-            return {}
-        return attribute_load_errors(flat, self._group_of.get, owner=self._name, method="get_block_ids_with_load_errors")
+            return failed
+        errors = attribute_load_errors(flat, self._group_of.get, owner=self._name, method="get_block_ids_with_load_errors")
+        for group, ids in failed.items():
+            errors.setdefault(group, set()).update(ids)
+        return errors
 
     def build_connector_worker_meta(self) -> WorkerMetadata | None:
         return self._inner.build_connector_worker_meta()

@@ -117,8 +117,10 @@ class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers)
         self._vllm_children = vllm_connectors(built)
         """vLLM's connectors in the stack: the calls capkv's contract has no member for go to them."""
         all_leaves = list(leaves(built))
-        self._receivers = [leaf for leaf in all_leaves if wrapped_vllm(leaf) is not None]
-        self._only_vllm = bool(all_leaves) and len(self._receivers) == len(all_leaves)
+        self._only_vllm = bool(all_leaves) and all(wrapped_vllm(leaf) is not None for leaf in all_leaves)
+        self._receivers = [leaf for leaf in all_leaves if callable(getattr(leaf, "take_failed_receives", None))]
+        for child in self._receivers:  # the host takes their failed receives from now on (vLLM's words)
+            cast("Any", child).take_failed_receives()
         tops = cast("StackNode", built).children if self._composite else (built,)
         self._stat_keys = [stat_node(child) for child in tops]
         self._planner = LoadPlanner(spec)

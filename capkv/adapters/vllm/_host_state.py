@@ -45,7 +45,7 @@ class HostState(VllmOnlyMembers):
     _stat_keys: list[StatNode]
     """Each top-level child's key in vLLM's per-connector statistics, and whether it is one of vLLM's."""
     _receivers: list[object]
-    """The wrapped vLLM connectors anywhere in the stack: their failed receives pass through to vLLM."""
+    """The wrapped vLLM connectors anywhere in the stack (``VllmChild``): their failed receives pass through."""
     _planner: LoadPlanner
     _tracker: LoadTracker
     _layer_names: tuple[str, ...]

@@ -166,15 +166,15 @@ class WorkerMembers(HostState):
 
     def _settle(self, recving: set[str] | None) -> Settled:
         tracker = self._tracker
+        failed_receives: set[str] = set()
+        for child in self._receivers:  # vLLM's connectors in the stack: their failed receives, in vLLM's words
+            failed_receives |= cast("Any", child).take_failed_receives()
         try:
             errors = self.stack.get_block_ids_with_load_errors()
         except Exception as exc:
             self._contained("get_block_ids_with_load_errors", exc, "every load of this step is reported failed")
             errors = {}
             tracker.fail_step()
-        failed_receives: set[str] = set()
-        for child in self._receivers:  # vLLM's connectors in the stack: their failed receives, in vLLM's words
-            failed_receives |= cast("Any", child).take_failed_receives()
         settled = tracker.settle(recving, errors, failed_receives)
         self._settled = settled
         self._flat |= settled.flat_errors
