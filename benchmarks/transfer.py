@@ -4,6 +4,7 @@
 256-token blocks of each preset's group, the throughput of ``BlockCopier.gather`` (paged KV -> host rows) and
 ``BlockCopier.scatter`` (host rows -> paged KV) and their ratio to a plain contiguous copy of the same bytes on
 the same devices (goal >= 0.9). Run: python -m benchmarks.transfer [--model llama-8b] [--device cuda] [--threads 1]
+``benchmarks/copy_probe.c`` measures the machine's own limit for such a gather (the same runs copied by a C loop).
 """
 
 from __future__ import annotations
