@@ -192,9 +192,15 @@ class CapkvConnector(AsyncLoads, ClassLevelMembers, WorkerMembers, StatsMembers)
         """The stack's finish. A request that finished normally computed on its KV, so its loads landed,
         also a synchronous one in the step vLLM has not reported to the connector yet (vLLM finishes a
         request, e.g. a one-token prefill, before it hands over that step's report): every child gets
-        its blocks. Any other finish (an error, an abort) masks what a load it had may not have filled."""
-        landed = getattr(request, "status", None) in _NORMAL_FINISH
+        its blocks. Any other finish (an abort) masks what a load it had may not have filled; a request vLLM
+        ended with an error (a load that failed, maybe another connector's beside this host in vLLM's own
+        composite) hands its children the null block throughout: its steps saved what they computed."""
+        status = getattr(request, "status", None)
+        landed = status in _NORMAL_FINISH
         groups = self._planner.finishing(request.request_id, block_ids, landed=landed)
+        if status == RequestStatus.FINISHED_ERROR and self.spec is not None:
+            null = self.spec.null_block_id
+            groups = tuple([null] * len(ids) for ids in groups)
         if landed and self._composite:
             cast("Any", getattr(self.stack, "__wrapped__", self.stack)).loads_landed(request.request_id)
         try:
