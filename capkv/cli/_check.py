@@ -16,7 +16,8 @@ from capkv.capabilities._serving import require_hma
 from capkv.cli._host_check import host_lines, host_problems, load_hosted_file
 from capkv.cli._stack_tree import Findings, Inspected, inspect_stack, tree_lines, walk
 from capkv.cli._vllm_facts import vllm_fact_line
-from capkv.cli._vllm_judge import Verdict, build_as_vllm, judge, sleep_mode_asked, vllm_loads
+from capkv.cli._vllm_judge import Verdict, build_as_vllm, judge, vllm_loads
+from capkv.cli._vllm_sleep import sleep_mode_asked
 from capkv.config._build import call_user_code
 from capkv.config._hosts import host_entry
 from capkv.config._loader import ConfiguredNode, ConfiguredStack, load_stack, read_config_file

@@ -9,7 +9,8 @@ alone, and must give the same exit status on every configuration of the corpus: 
 registered connector alone, vLLM's composite over each one next to a connector that keeps
 HMA on and next to one that turns it off, nested composites, a misspelled child (first and
 last), an empty and a missing ``connectors`` list, the composite named by its module path,
-a child named by module path that cannot be imported, and capkv's drop-in over vLLM's children.
+a child named by module path that cannot be imported, NIXL's transfer modes (vLLM 0.34's factory resolves
+the class per entry), and capkv's drop-in over vLLM's children.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def corpus() -> Iterator[tuple[str, dict[str, Any]]]:
     yield "child by module path that does not import", multi(
         HMA_CHILD, {"kv_connector": "Gone", "kv_connector_module_path": "no_such_module_for_capkv", "kv_role": "kv_both"})
     yield "child without kv_role", multi(HMA_CHILD, {"kv_connector": "NixlConnector"})
+    for mode in ("push", "sideways"):  # vLLM 0.34's factory dispatches on it (and refuses an unknown mode)
+        yield f"NIXL transfer_mode {mode}", multi(HMA_CHILD, {"kv_connector": "NixlConnector", "kv_role": "kv_both",
+                                                             "kv_connector_extra_config": {"transfer_mode": mode}})
     yield "drop-in over vLLM's children, HMA", multi(HMA_CHILD, {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
                                                       kv_connector_module_path="capkv.vllm")
     yield "drop-in, empty", multi(kv_connector_module_path="capkv.vllm")
