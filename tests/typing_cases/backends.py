@@ -8,44 +8,36 @@ from capkv import KVSpec
 from capkv.stores import Backend, MemoryBackend, StoreConnector, StoreKey
 
 
-class Declared:
+class Calls:
+    """The five calls, and no ``slow``."""
+
+    def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
+        return [False] * len(keys)
+
+    def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
+        return [None] * len(keys)
+
+    def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> list[bool]:
+        return [False] * len(items)
+
+    def delete(self, keys: Sequence[StoreKey], /) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Declared(Calls):
     slow = True
 
-    def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
-        return [False] * len(keys)
 
-    def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
-        return [None] * len(keys)
-
-    def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> list[bool]:
-        return [False] * len(items)
-
-    def delete(self, keys: Sequence[StoreKey], /) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Undeclared:
-    slwo = True  # misspelt: no slow at all
-
-    def contains(self, keys: Sequence[StoreKey], /) -> list[bool]:
-        return [False] * len(keys)
-
-    def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
-        return [None] * len(keys)
-
-    def put(self, items: Sequence[tuple[StoreKey, memoryview]], /) -> list[bool]:
-        return [False] * len(items)
-
-    def delete(self, keys: Sequence[StoreKey], /) -> None: ...
-
-    def close(self) -> None: ...
+class Misspelt(Calls):
+    slwo = True
 
 
 def build(spec: KVSpec) -> None:
     StoreConnector(spec, Declared())
     StoreConnector(spec, MemoryBackend())
     fine: Backend = Declared()
-    StoreConnector(spec, Undeclared())  # expect-error
-    missing: Backend = Undeclared()  # expect-error
+    StoreConnector(spec, Misspelt())  # expect-error
+    StoreConnector(spec, Calls())  # expect-error
+    missing: Backend = Misspelt()  # expect-error
     del fine, missing
