@@ -165,3 +165,21 @@ def test_console_script_module_path_and_no_traceback(tmp_path: Path) -> None:
     assert failed.stderr == f'capkv check: error: #1: module "{SAMPLES}" has no attribute "Missing" (connector "{SAMPLES}:Missing")\n'
     usage = subprocess.run([*run, str(good), "--groups", "0"], cwd=ROOT, capture_output=True, text=True, check=False)
     assert usage.returncode == 2 and "expected a positive number of groups" in usage.stderr
+
+
+def test_the_tree_says_how_each_store_tier_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A store whose backend declares ``slow = True`` loads asynchronously; a misspelt ``slow`` would show as
+    ``sync`` (a store class whose backend is given when it is built says ``?``)."""
+    config = multi(
+        {"kv_connector": "cpu", "kv_connector_extra_config": {"capacity_blocks": 8}},
+        {"kv_connector": "file", "kv_connector_extra_config": {"root": str(tmp_path / "kv")}},
+        {"kv_connector": "tests.testing.sqlite_store:SQLiteStore"},
+        leaf("OffloadConnector"),
+    )
+    status, out, _ = check(tmp_path, config, "--groups", "2", capsys=capsys)
+    lines = out.splitlines()
+    assert status == 0, out
+    assert lines[1].endswith("loads: sync") and '#1 CPUOffloadConnector ("cpu")' in lines[1]
+    assert lines[2].endswith("loads: async") and '#2 FileStoreConnector ("file")' in lines[2]
+    assert lines[3].endswith("loads: ?") and "#3 SQLiteStore" in lines[3]
+    assert "loads:" not in lines[4] and "loads:" not in lines[0]  # a connector of its own, and the stack
