@@ -13,7 +13,7 @@ from typing import Any
 
 from capkv._homes import publish
 
-__all__ = ["Drop", "DroppedReports", "ReceiveTracker", "SendTracker"]
+__all__ = ["Drop", "DroppedReports", "ReceiveTracker", "ReportQueue", "SendTracker"]
 
 _log = logging.getLogger("capkv.composite")
 
@@ -114,6 +114,51 @@ class SendTracker:
         self._pending = {request_id: list(entry) for request_id, entry in state.items()}
 
 
+class ReportQueue:
+    """Loads that are over and not reported yet, each to be named once in ``finished_recving``.
+
+    A set names a request once, so a call hands out at most one load per request
+    (the oldest); a reused id's later load waits for the next call. Loads are
+    known by number (:meth:`take` says which it reported).
+    """
+
+    __slots__ = ("_ready",)
+
+    def __init__(self) -> None:
+        self._ready: dict[str, list[int]] = {}  # request id -> numbers of the loads over, oldest first
+
+    def add(self, request_id: str, number: int) -> None:
+        """Load ``number`` of the request is over."""
+        numbers = self._ready.get(request_id)
+        if numbers is None:
+            self._ready[request_id] = [number]
+        else:
+            numbers.append(number)
+
+    def take(self) -> tuple[set[str] | None, list[int]]:
+        """The requests to report now (``None``: none), and the numbers of the loads that reports."""
+        ready = self._ready
+        if not ready:
+            return None, []
+        now = set(ready)
+        numbers: list[int] = []
+        for request_id in now:
+            left = ready[request_id]
+            numbers.append(left.pop(0))
+            if not left:
+                del ready[request_id]
+        return now, numbers
+
+    def __len__(self) -> int:
+        return sum(len(numbers) for numbers in self._ready.values())
+
+    def state(self) -> dict[str, list[int]]:
+        return {request_id: list(numbers) for request_id, numbers in self._ready.items()}
+
+    def restore(self, state: Mapping[str, list[int]]) -> None:
+        self._ready = {request_id: list(numbers) for request_id, numbers in state.items()}
+
+
 class ReceiveTracker:
     """Reports a finished receive once per load, when every child loading a slice of it asynchronously has.
 
@@ -131,17 +176,14 @@ class ReceiveTracker:
 
     A report may complete several loads of one request at once (an earlier load of a
     reused id, owed by another child, completing after the later one did): each is
-    reported, one per :meth:`take` (a request id is in ``finished_recving`` once per
-    call), the rest at the next calls. Numbers of completed loads, in order, are kept
-    for :meth:`settled` (the scheduler side learns which loads ended).
+    reported, one per :meth:`take` (:class:`ReportQueue`), the rest at the next calls.
     """
 
-    __slots__ = ("_pending", "_ready", "_settled")
+    __slots__ = ("_pending", "_ready")
 
     def __init__(self) -> None:
         self._pending: dict[str, list[list[int]]] = {}  # request id -> [[load number, owed mask], ...]
-        self._ready: dict[str, int] = {}  # request id -> completed loads not reported yet
-        self._settled: list[int] = []  # numbers of the loads completed since the last settled()
+        self._ready = ReportQueue()
 
     def expect(self, loads: Iterable[tuple[str, int, int]]) -> None:
         pending = self._pending
@@ -169,34 +211,16 @@ class ReceiveTracker:
             return Drop.RECV_NOT_LOADER
         if entries[0][1]:
             return False
-        done = 0
         while entries and not entries[0][1]:
-            self._settled.append(entries[0][0])
+            self._ready.add(request_id, entries[0][0])
             del entries[0]
-            done += 1
         if not entries:
             del self._pending[request_id]
-        self._ready[request_id] = self._ready.get(request_id, 0) + done
         return True
 
     def take(self) -> set[str] | None:
         """The requests to report now: each with a completed load not reported yet, once."""
-        ready = self._ready
-        if not ready:
-            return None
-        now = set(ready)
-        for request_id in now:
-            left = ready[request_id] - 1
-            if left:
-                ready[request_id] = left
-            else:
-                del ready[request_id]
-        return now
-
-    def settled(self) -> tuple[int, ...]:
-        """The numbers of the loads completed since the last call, in order."""
-        numbers, self._settled = tuple(self._settled), []
-        return numbers
+        return self._ready.take()[0]
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -204,15 +228,13 @@ class ReceiveTracker:
     def state(self) -> dict[str, object]:
         return {
             "pending": {request_id: [list(entry) for entry in entries] for request_id, entries in self._pending.items()},
-            "ready": dict(self._ready),
-            "settled": list(self._settled),
+            "ready": self._ready.state(),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         pending: Mapping[str, list[list[int]]] = state["pending"]
         self._pending = {request_id: [list(entry) for entry in entries] for request_id, entries in pending.items()}
-        self._ready = dict(state["ready"])
-        self._settled = list(state["settled"])
+        self._ready.restore(state["ready"])
 
 
 publish(__name__)

@@ -1,6 +1,7 @@
 """Which loads the engine has not heard the end of, on the scheduler side: their blocks are never saved.
 
-Until a load completes its blocks hold whatever the pool had, so no tier may save, promote or offer them
+Until a load completes its blocks hold whatever the pool had, so no tier may save, promote or offer them.
+One mechanism for a stack and for capkv's stores: loads are numbered, never confused by a reused request id
 (docs/internals.md, "Settling loads").
 """
 
@@ -59,15 +60,7 @@ class LoadSettling:
         """A step's output came back (``update_connector_output``)."""
         if self.outputs < self.builds:  # a report before any step (a handshake's) settles nothing
             self.outputs += 1
-            shipped = self.shipped
-            if shipped and shipped[0][0] <= self.outputs:
-                done = 0
-                for step, request_id, number in shipped:
-                    if step > self.outputs:
-                        break
-                    self._settle(request_id, number)
-                    done += 1
-                del shipped[:done]
+            self.ran_through(self.outputs)
         if finished_recving and self.pending:
             for request_id in cast("Sequence[str]", finished_recving):
                 entries = self.pending.get(request_id)
@@ -75,10 +68,23 @@ class LoadSettling:
                     continue
                 for entry in entries:
                     if entry[2]:
-                        self._settle(request_id, entry[0])
+                        self.settle(request_id, entry[0])
                         break
 
-    def _settle(self, request_id: str, number: int) -> None:
+    def ran_through(self, step: int) -> None:
+        """The synchronous loads shipped in steps up to ``step`` ran, and the engine has heard how."""
+        shipped = self.shipped
+        if shipped and shipped[0][0] <= step:
+            done = 0
+            for shipped_step, request_id, number in shipped:
+                if shipped_step > step:
+                    break
+                self.settle(request_id, number)
+                done += 1
+            del shipped[:done]
+
+    def settle(self, request_id: str, number: int) -> None:
+        """Load ``number`` of the request is over, and the engine has heard how."""
         entries = self.pending.get(request_id)
         if entries is None:
             return
@@ -99,6 +105,11 @@ class LoadSettling:
             self.pending[request_id] = kept
         else:
             del self.pending[request_id]
+
+    def receiving(self, request_id: str) -> bool:
+        """Whether the live request has an asynchronous load the engine has not heard the end of (its
+        blocks are still being written: nothing of them may be saved, nor freed before the receive)."""
+        return any(entry[2] and entry[3] for entry in self.pending.get(request_id, ()))
 
     def finishing(self, request_id: str) -> int | None:
         """The request finished: the first token of its earliest unsettled load, if any. Its synchronous

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from typing_extensions import Self
 
@@ -18,8 +18,8 @@ from capkv.stores._keys import PrefixHasher, RequestKeys
 from capkv.stores._metadata import SaveReport, StoreMetadata
 from capkv.stores._index_contract import StoreIndex
 from capkv.stores._scheduler import StoreScheduler
-from capkv.stores._worker import StoreWorker
-from capkv.contracts._arguments import require_instance
+from capkv.stores._worker import DRAIN_TIMEOUT_S, StoreWorker
+from capkv.contracts._arguments import argument_error, is_finite_number, require_instance
 from capkv.contracts._key_inputs import request_key_inputs
 from capkv.contracts._base import KVConnectorBase
 from capkv.contracts._class_level import class_level
@@ -242,21 +242,31 @@ class PrefixStoreConnector(KVConnectorBase[ComputedTokenRequest]):
             counts["hit_tokens"] = hit_tokens
         return counts or None
 
-    def flush(self) -> None:
-        """Wait until every started save is over (stored, or failed and counted); raise the
-        background failures not raised yet, each once."""
-        self._worker.flush()
+    def flush(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Wait until every started save and load is over (a save stored, or failed and counted), for at
+        most ``timeout_s`` seconds — then the loads still running are given up and reported failed at the
+        next ``get_finished``, and a ``TimeoutError`` says so; raise the background failures not raised
+        yet, each once."""
+        self._worker.flush(self._seconds(timeout_s, "flush"))
 
     def shutdown(self) -> None:
         self._worker.shutdown()
 
     # ---- a resource --------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Let every started save complete and release what the store holds (threads, files,
-        connections), raising the background failures not raised yet; the same as ``shutdown``,
-        by the name resources use."""
-        self.shutdown()
+    def close(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Let every started save complete and every load end, for at most ``timeout_s`` seconds (then
+        loads still running are reported failed and saves not written fail), and release what the store
+        holds (threads, files, connections), raising the background failures not raised yet; the same as
+        ``shutdown``, by the name resources use."""
+        self._worker.shutdown(self._seconds(timeout_s, "close"))
+
+    def _seconds(self, timeout_s: object, method: str) -> float:
+        if not is_finite_number(timeout_s) or cast("float", timeout_s) < 0:
+            raise argument_error(
+                self._name, "timeout_s", timeout_s, "a finite number >= 0 (seconds)", connector=self._name, method=method
+            )
+        return float(cast("float", timeout_s))
 
     def __enter__(self) -> Self:
         return self

@@ -17,6 +17,7 @@ from capkv.stores._keys import BlockKey
 from capkv.stores._metadata import BlockMove
 from capkv.stores._staging import StagingRing
 from capkv.stores._value import HEADER_SIZE, ValueCheck, check_bytes, check_memory, check_part, why_damaged
+from capkv.stores._write_guard import WriteGuard
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
     import capkv.transfer._copier
@@ -56,7 +57,7 @@ class LoadOutcome:
         """Damaged or absent: the values the scheduler side must stop offering (``SaveReport.lost``)."""
         self.loaded = 0
         self.loaded_bytes = 0
-        self.read_failure: Exception | None = None
+        self.read_failure: BaseException | None = None
         self.cause: tuple[str, str] | None = None
         """The first value that failed: its kind (``"absent"``, ``"damaged"``) and why, in words."""
         self.handles = cast("list[capkv.transfer._handle.CopyHandle]", [])
@@ -94,19 +95,23 @@ def plan_chunks(
 
 def load_chunks(
     chunks: Sequence[Chunk], backend: Backend, copier: capkv.transfer._copier.BlockCopier, ring: StagingRing,
-    *, owner: str,
+    *, owner: str, guard: WriteGuard | None = None,
 ) -> LoadOutcome:
     """Read, check and scatter ``chunks``; the scatters' handles are in the outcome (order the engine's
-    stream after them). A backend that raises fails every block not read yet (kept in the outcome)."""
+    stream after them). A backend that raises fails every block not read yet (kept in the outcome).
+    Every write into the KV cache goes through ``guard`` (a background load's, which may be given up:
+    :mod:`capkv.stores._write_guard`)."""
     outcome = LoadOutcome()
+    guard = WriteGuard() if guard is None else guard
     on_cpu = copier.device.type == "cpu"
     in_place = on_cpu and isinstance(backend, ReadsIntoParts)
     reads = _Reads(backend, owner, outcome)
     if in_place:
-        _load_in_place(chunks, reads, copier, outcome)
+        with guard:  # the backend reads straight into the engine's blocks
+            _load_in_place(chunks, reads, copier, outcome)
         return outcome
     if on_cpu and not isinstance(backend, ReadsInto):
-        _load_from_values(chunks, reads, copier, outcome)
+        _load_from_values(chunks, reads, copier, outcome, guard)
         return outcome
     for chunk in chunks:
         size = HEADER_SIZE + copier.block_nbytes(chunk.group)
@@ -121,7 +126,9 @@ def load_chunks(
             ), reads.member)
         if good:
             payloads = (rows if len(good) == count else rows[good])[:, HEADER_SIZE:]
-            handle = copier.scatter(chunk.group, [chunk.block_ids[i] for i in good], payloads)
+            with guard:
+                handle = copier.scatter(chunk.group, [chunk.block_ids[i] for i in good], payloads)
+                guard.keep(handle)
             ring.hold(handle)
             outcome.handles.append(handle)
             outcome.loaded += len(good)
@@ -163,7 +170,8 @@ def _why_in_place(keys: list[StoreKey], lengths: list[int | None], headers: memo
 
 
 def _load_from_values(
-    chunks: Sequence[Chunk], reads: _Reads, copier: capkv.transfer._copier.BlockCopier, outcome: LoadOutcome
+    chunks: Sequence[Chunk], reads: _Reads, copier: capkv.transfer._copier.BlockCopier, outcome: LoadOutcome,
+    guard: WriteGuard,
 ) -> None:
     """Each chunk's values from one ``get``, each checked where the backend put it and, if it passes, copied
     straight into its engine block, run by run: one copy per load on a CPU (no host row between). A chunk's
@@ -172,15 +180,16 @@ def _load_from_values(
         places = cast("list[list[memoryview]]", copier.block_memory(chunk.group, chunk.block_ids))  # on the CPU
         results, values = reads.values_checked(chunk)
         good = 0
-        for result, value, parts in zip(results, values, places, strict=True):
-            if result is not ValueCheck.OK:
-                continue
-            start = HEADER_SIZE
-            for part in parts:
-                end = start + len(part)
-                part[:] = value[start:end]
-                start = end
-            good += 1
+        with guard:
+            for result, value, parts in zip(results, values, places, strict=True):
+                if result is not ValueCheck.OK:
+                    continue
+                start = HEADER_SIZE
+                for part in parts:
+                    end = start + len(part)
+                    part[:] = value[start:end]
+                    start = end
+                good += 1
         if good != len(results):
             _tally_failures(chunk, results, outcome, lambda i: why_damaged(
                 chunk.keys[i], len(values[i]) if results[i] is not ValueCheck.ABSENT else None, values[i]

@@ -55,6 +55,10 @@ class StoreMetadata:
     """Requests whose loads this step are asynchronous (answered ``load_async=True``): read on the
     worker's reader thread and reported in ``get_finished``'s receiving set once over — each of them,
     even one with nothing left to read (every block unavailable)."""
+    receiving_loads: tuple[int, ...] = ()
+    """The number of each of ``receiving``'s loads, in the same order (the scheduler side numbers every
+    load it plans): a load is known by its number, not by its request id, which a later load may reuse.
+    The worker reports it back in ``SaveReport.received``. Empty: numbered 0 (metadata made by hand)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,10 @@ class SaveReport:
     lost: frozenset[BlockKey] = frozenset()
     """Blocks whose value (this shard's part) a load found damaged — and deleted — or absent: the
     scheduler side stops offering them at once, and may save them again."""
+    received: frozenset[int] = frozenset()
+    """The asynchronous loads (``StoreMetadata.receiving_loads``) this shard's worker reported over in
+    the same output's ``finished_recving``: once every shard has, the scheduler side knows the load's
+    blocks hold what it read (or the engine heard which failed)."""
 
     def parts(self) -> tuple[SaveReport, ...]:
         """One report per shard: this one's, then ``more``."""
@@ -102,16 +110,18 @@ class SaveReport:
                 f"SaveReport.aggregate: expected another SaveReport, got {other!r}",
                 connector="SaveReport", method="aggregate", value=other,
             )
-        empty = frozenset[BlockKey]()
-        merged: dict[int, tuple[frozenset[BlockKey], frozenset[BlockKey], tuple[bytes, ...] | None, frozenset[BlockKey]]] = {}
+        merged: dict[int, SaveReport] = {}
         for part in (*self.parts(), *other.parts()):
-            stored, failed, layout, lost = merged.get(part.shard, (empty, empty, None, empty))
-            merged[part.shard] = (stored | part.stored, failed | part.failed, layout or part.layout, lost | part.lost)
+            seen = merged.get(part.shard)
+            merged[part.shard] = part if seen is None else SaveReport(
+                seen.stored | part.stored, seen.failed | part.failed, None, seen.layout or part.layout, part.shard,
+                lost=seen.lost | part.lost, received=seen.received | part.received,
+            )
         mine, theirs = self.loaded_through, other.loaded_through
         loaded = None if mine is None or theirs is None else min(mine, theirs)  # a later report covers it
         first, *rest = (
-            SaveReport(stored - failed, failed, None, layout, shard, lost=lost)
-            for shard, (stored, failed, layout, lost) in sorted(merged.items())
+            dataclasses.replace(part, stored=part.stored - part.failed, loaded_through=None)
+            for _, part in sorted(merged.items())
         )
         return dataclasses.replace(first, loaded_through=loaded, more=tuple(rest))
 

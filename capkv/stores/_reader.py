@@ -1,45 +1,68 @@
 """Loads off the engine's step: a slow backend's reads run on the store's reader thread.
 
-Loaded in the step, a slow backend's read would stall every request of the batch (docs/internals.md, "Loads
-off the engine's step").
+Loaded in the step, a slow backend's read would stall every request of the batch; here nothing a load meets
+can lose it, and no wait is unbounded (docs/internals.md, "Loads off the engine's step").
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from capkv.stores._backend import Backend
 from capkv.stores._loading import Chunk, LoadOutcome, load_chunks
 from capkv.stores._staging import DEFAULT_CHUNK_BYTES, StagingRing
+from capkv.stores._write_guard import WriteGuard
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
     import capkv.transfer._copier
 
-__all__ = ["BackgroundLoads", "FinishedLoad", "READER_CHUNK_BYTES"]
+__all__ = ["BackgroundLoads", "FinishedLoad", "READER_CHUNK_BYTES", "failed_outcome"]
 
 READER_CHUNK_BYTES = 4 * DEFAULT_CHUNK_BYTES
 """Bytes per chunk of a background load: off the step, the backend's round trips (one read call per
 chunk: a disk seek, a network round trip) cost more than checking bytes that left the CPU's cache."""
 
+ABANDON_GRACE_S = 0.2
+"""How long giving loads up waits, in all, for writes into the KV cache already under way."""
+
 
 @dataclass(frozen=True)
 class FinishedLoad:
-    """One step's background loads, over: the requests they were for (each now received) and what happened."""
+    """One step's background loads, over: each ``(request id, load number)``, and what happened."""
 
     step: int
-    requests: frozenset[str]
+    loads: tuple[tuple[str, int], ...]
     outcome: LoadOutcome
 
 
-@dataclass(frozen=True)
-class _Started:
-    step: int
-    requests: frozenset[str]
-    future: Future[LoadOutcome] | None
-    """``None``: nothing to read (every block of these requests was already unavailable)."""
+class _Load:
+    """One step's background loads, from start to hand-back."""
+
+    __slots__ = ("chunks", "copier", "done", "guard", "loads", "outcome", "ring", "step")
+
+    def __init__(
+        self, step: int, loads: tuple[tuple[str, int], ...], chunks: list[Chunk],
+        copier: capkv.transfer._copier.BlockCopier, ring: StagingRing,
+    ) -> None:
+        self.step = step
+        self.loads = loads
+        self.chunks = chunks
+        self.copier = copier
+        self.ring = ring
+        self.guard = WriteGuard()
+        self.done = threading.Event()
+        self.outcome: LoadOutcome | None = None
+
+    def end(self, outcome: LoadOutcome) -> None:
+        """The load is over (the first outcome given stands: a load given up stays failed)."""
+        if self.outcome is None:
+            self.outcome = outcome
+        self.done.set()
 
 
 class BackgroundLoads:
@@ -48,21 +71,29 @@ class BackgroundLoads:
     def __init__(self, backend: Backend, *, owner: str) -> None:
         self._backend = backend
         self._owner = owner
-        self._pool: ThreadPoolExecutor | None = None
         self._ring: StagingRing | None = None
-        self._started: list[_Started] = []
+        self._started: list[_Load] = []
+        """Loads not handed back yet, in the order they started."""
+        self._queue: queue.SimpleQueue[_Load | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        """Orders ``_Load.end`` between the thread and a caller giving the load up."""
 
     def start(
-        self, step: int, requests: frozenset[str], chunks: Sequence[Chunk], copier: capkv.transfer._copier.BlockCopier
+        self, step: int, loads: Sequence[tuple[str, int]], chunks: Sequence[Chunk],
+        copier: capkv.transfer._copier.BlockCopier,
     ) -> None:
-        """Read, check and scatter ``chunks`` (step ``step``'s loads of ``requests``) on the reader thread."""
-        future: Future[LoadOutcome] | None = None
-        if chunks:
-            ring = self.ring(copier)
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"capkv-{self._owner}-reader")
-            future = self._pool.submit(self._load, list(chunks), copier, ring)
-        self._started.append(_Started(step, requests, future))
+        """Read, check and scatter ``chunks`` (step ``step``'s loads, each ``(request id, number)``) on the
+        reader thread."""
+        load = _Load(step, tuple(loads), list(chunks), copier, self.ring(copier))
+        self._started.append(load)
+        if not chunks:  # nothing to read: every block was already unavailable
+            load.end(LoadOutcome())
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"capkv-{self._owner}-reader", daemon=True)
+            self._thread.start()
+        self._queue.put(load)
 
     def ring(self, copier: capkv.transfer._copier.BlockCopier) -> StagingRing:
         """The reader's own staging rows (made with the KV cache's copier: pinned on CUDA), in
@@ -74,43 +105,74 @@ class BackgroundLoads:
             )
         return ring
 
-    def _load(
-        self, chunks: list[Chunk], copier: capkv.transfer._copier.BlockCopier, ring: StagingRing
-    ) -> LoadOutcome:
+    def _run(self) -> None:
+        while (load := self._queue.get()) is not None:
+            outcome = self._execute(load)
+            with self._lock:
+                load.end(outcome)
+
+    def _execute(self, load: _Load) -> LoadOutcome:
+        """Run ``load``; whatever it raises (a ``BaseException`` too) fails all of its blocks."""
         import torch  # noqa: PLC0415 (loaded with the KV cache, before any load)
 
         try:
+            if load.guard.abandoned:
+                return LoadOutcome()  # given up before it began: its failure is already handed back
             with torch.inference_mode():  # thread-local: an engine's KV cache made in it (vLLM's) is written in it
-                outcome = load_chunks(chunks, self._backend, copier, ring, owner=self._owner)
+                outcome = load_chunks(
+                    load.chunks, self._backend, load.copier, load.ring, owner=self._owner, guard=load.guard
+                )
             for handle in outcome.handles:
                 handle.wait()  # received means in the KV cache: the engine reads it next step
-        except Exception as error:  # noqa: BLE001 (a fault here fails the whole load, reported like a read's)
+        except BaseException as error:  # noqa: BLE001 (nothing a load meets may escape: it is this load's failure)
             error.__traceback__ = None
-            return failed_outcome(chunks, error)
+            return failed_outcome(load.chunks, error)
         return outcome
 
     def take_finished(self) -> list[FinishedLoad]:
         """The loads that are over since the last call, oldest first (later ones stay, even when done,
         behind one still running: outcomes are handed back in the order the loads started)."""
         finished: list[FinishedLoad] = []
-        while self._started:
-            first = self._started[0]
-            if first.future is not None and not first.future.done():
-                break
-            self._started.pop(0)
-            outcome = LoadOutcome() if first.future is None else first.future.result()
-            finished.append(FinishedLoad(first.step, first.requests, outcome))
+        while self._started and self._started[0].done.is_set():
+            load = self._started.pop(0)
+            finished.append(FinishedLoad(load.step, load.loads, load.outcome or LoadOutcome()))
         return finished
 
     def pending_since(self) -> int | None:
         """The first step whose loads have not been handed back, or ``None``."""
         return self._started[0].step if self._started else None
 
-    def wait(self) -> None:
-        """Until every started load is over (their outcomes stay, for :meth:`take_finished`)."""
-        for started in self._started:
-            if started.future is not None:
-                started.future.exception()
+    def running(self) -> int:
+        """How many started loads are not over."""
+        return sum(not load.done.is_set() for load in self._started)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Until every started load is over (their outcomes stay, for :meth:`take_finished`), for at most
+        ``timeout_s``; whether they are."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for load in list(self._started):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not load.done.wait(left):
+                return False
+        return True
+
+    def abandon(self, *, force: bool = False) -> int:
+        """Give up every started load that is not over: each is handed back with all its blocks failed
+        (the caller raises why, once). A load writing into the KV cache right now (a read into the blocks
+        themselves, stuck) is given up only when ``force`` (the store is closing: the engine computes on
+        nothing any more). How many loads were not given up."""
+        deadline = time.monotonic() + ABANDON_GRACE_S
+        left = 0
+        for load in list(self._started):
+            if load.done.is_set():
+                continue
+            if load.guard.abandon(deadline - time.monotonic()) or force:
+                failed = failed_outcome(load.chunks, None)
+                with self._lock:
+                    load.end(failed)
+            else:
+                left += 1
+        return left
 
     def drop_rows(self) -> None:
         """Free the staging rows (the KV cache, and the device they were made for, go away); after :meth:`wait`."""
@@ -118,17 +180,27 @@ class BackgroundLoads:
             self._ring.clear()
             self._ring = None
 
-    def close(self) -> None:
-        """Wait for the started loads, stop the reader thread, free the rows."""
-        self.wait()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        self.drop_rows()
+    def close(self, timeout_s: float) -> int:
+        """Wait for the started loads (at most ``timeout_s``), give up the rest (handed back failed), stop
+        the reader thread (left behind if a read is stuck: it is a daemon), free the rows. How many loads
+        were given up."""
+        abandoned = 0
+        if not self.wait(timeout_s):
+            abandoned = self.running()
+            self.abandon(force=True)
+        if self._thread is not None:
+            self._queue.put(None)
+            if not abandoned:
+                self._thread.join(ABANDON_GRACE_S)
+            self._thread = None
+        if not abandoned:
+            self.drop_rows()  # a stuck read may still use them: they go with it
+        return abandoned
 
 
-def failed_outcome(chunks: Sequence[Chunk], error: Exception) -> LoadOutcome:
-    """Every block of ``chunks`` failed, because of ``error`` (which says nothing about the stored values)."""
+def failed_outcome(chunks: Sequence[Chunk], error: BaseException | None) -> LoadOutcome:
+    """Every block of ``chunks`` failed, because of ``error`` (which says nothing about the stored values;
+    ``None``: the load was given up, and its caller says why)."""
     outcome = LoadOutcome()
     for chunk in chunks:
         outcome.errors.setdefault(chunk.group, set()).update(chunk.block_ids)

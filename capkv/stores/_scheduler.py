@@ -1,49 +1,31 @@
 """The scheduler side of a prefix-keyed store: what to load, what to save, where.
 
-It decides and records; the worker side executes and reports, and the two share no state (docs/internals.md,
-"The scheduler side").
+It decides and records; the worker side executes and reports, and the two share no state. Every load has a
+number of its own (docs/internals.md, "The scheduler side").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from typing import TypeVar
 
+from capkv.composite._settling import LoadSettling, unfilled_masked
+from capkv.contracts._block_ids import check_block_groups
+from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVConnectorOutput, TokenRequest
+from capkv.contracts._key_inputs import request_key_inputs
+from capkv.contracts._spec import KVSpec
+from capkv.contracts._token_requests import check_token_request
+from capkv.errors import ContractError, MetadataError
 from capkv.stores._hits import GroupGeometry, longest_hit
 from capkv.stores._index_contract import (
     BatchedStoreIndex, ChainAwareIndex, EvictingIndex, LayoutAwareIndex, LossAwareIndex, StoreIndex,
 )
 from capkv.stores._keys import BlockKey, PrefixHasher, RequestKeys
 from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.stores._step import scheduled_blocks
-from capkv.contracts._engine import BlockIds, ComputedTokenRequest, KVConnectorOutput, TokenRequest
-from capkv.contracts._key_inputs import request_key_inputs
-from capkv.contracts._spec import KVSpec
-from capkv.contracts._token_requests import check_token_request
-from capkv.contracts._block_ids import check_block_groups
-from capkv.errors import ContractError, MetadataError
+from capkv.stores._save_planning import SavePlanner
 
 __all__ = ["StoreIndex", "StoreScheduler"]
 
-
-@dataclass
-class _Live:
-    """A request the engine has allocated blocks for, as far as saves are concerned."""
-
-    request: TokenRequest
-    keys: RequestKeys
-    tables: list[list[int]]
-    """Per group, the block table as the scheduler outputs told it (stale ids may remain where
-    a sliding window dropped blocks: only blocks inside the window are ever read)."""
-    next_block: list[int]
-    """Per group, the first block whose save is not yet decided."""
-    foreign: list[tuple[int, int]] = field(default_factory=lambda: list[tuple[int, int]]())
-    """Token ranges other connectors of a stack loaded and this store must not save (see
-    :meth:`StoreScheduler.loaded_elsewhere`); a new allocation starts afresh."""
-
-
-_Candidate = tuple[int, int, int]
-"""``(token end, group, block index)``: sorted, a plan follows token order across groups."""
+_T = TypeVar("_T", BlockKey, int)
 
 
 class StoreScheduler:
@@ -55,9 +37,6 @@ class StoreScheduler:
         self._owner = owner
         self.load_async = load_async
         """Whether hits are loaded asynchronously (a slow backend: :mod:`capkv.stores._reader`)."""
-        self._receiving: dict[str, None] = {}
-        """Requests whose asynchronous load was planned and not reported received (``finished_recving``)."""
-        self._receiving_now: list[str] = []
         self._spec = spec
         self._index = index
         # the index's optional capabilities, asked once (a runtime protocol check costs microseconds)
@@ -71,22 +50,28 @@ class StoreScheduler:
             GroupGeometry(group.block_size or 1, group.sliding_window) for group in spec.groups
         )
         self._null = spec.null_block_id
+        self._saving = SavePlanner(spec, index, owner=owner, check_blocks=self._check_block_ids)
         self._keys: dict[str, RequestKeys] = {}
-        self._live: dict[str, _Live] = {}
         self._load_failed: set[str] = set()
         """Requests that cannot load a promised block this step: they save nothing this step."""
-        self._step_saves: list[BlockMove] = []
         self._offers: dict[str, tuple[int, int]] = {}
         self._loads: list[BlockMove] = []
-        self._saves: list[BlockMove] = []
         self._unavailable: list[tuple[int, int]] = []
         self._pinned: list[BlockKey] = []
         self._step = 0
         """The step number of the last metadata built."""
         self._pinned_by_step: dict[int, list[BlockKey]] = {}
+        self._settling = LoadSettling()
+        """The loads whose end the engine has not heard: their blocks are never saved."""
+        self._load_serial = 0
+        self._receiving: dict[int, str] = {}
+        """Asynchronous loads not reported received, by number: their requests."""
+        self._receiving_now: list[tuple[str, int]] = []
         self._shards = spec.shard.count
         self._stored_by: dict[BlockKey, set[int]] = {}
         """Keys some shards reported stored and others not yet (several workers): not loadable yet."""
+        self._received_by: dict[int, set[int]] = {}
+        """Asynchronous loads some shards reported received and others not yet (several workers)."""
         self.hit_tokens: int = 0
         """Tokens offered and accepted since the last :meth:`take_hit_tokens`."""
         self._stale: set[str] = set()
@@ -98,7 +83,7 @@ class StoreScheduler:
         self._hasher.reset()
         self._keys.clear()
         self._offers.clear()
-        self._stale.update(self._live)
+        self._stale.update(self._saving.live())
 
     # ---- lookups -------------------------------------------------------------------
 
@@ -128,6 +113,8 @@ class StoreScheduler:
             self._offers.pop(request.request_id, None)
         return end - num_computed_tokens
 
+    # ---- loads ---------------------------------------------------------------------
+
     def allocated(self, request: TokenRequest, blocks: BlockIds, num_external_tokens: int) -> None:
         """Plan the load of the offered blocks into the engine's newly allocated ``blocks``."""
         method = "update_state_after_alloc"
@@ -136,20 +123,16 @@ class StoreScheduler:
         accepted = self._accepted(request.request_id, offer, num_external_tokens) if num_external_tokens else None
         self._check_block_ids(blocks, method)
         keys = self._request_keys(request, method)
-        live = self._live.get(request.request_id)
-        if live is None:
-            self._live[request.request_id] = _Live(
-                request, keys, [list(ids) for ids in blocks], [0] * len(self._geometry)
-            )
-        else:  # allocated again (resumed after a preemption): the scheduler output will say the table
-            live.request, live.keys = request, keys
-            live.foreign = []
+        self._saving.allocated(request, keys, blocks)
         if accepted is None:
             return
-        if self.load_async:
-            self._receiving[request.request_id] = None
-            self._receiving_now.append(request.request_id)
         start, end = accepted
+        self._load_serial += 1
+        number = self._load_serial
+        self._settling.started(request.request_id, number, start, self.load_async)
+        if self.load_async:
+            self._receiving[number] = request.request_id
+            self._receiving_now.append((request.request_id, number))
         for group, geometry in enumerate(self._geometry):
             ids = blocks[group]
             needed = geometry.needed(start, end)
@@ -211,172 +194,68 @@ class StoreScheduler:
     def loaded_elsewhere(self, request_id: str, start: int, end: int, save: bool) -> None:
         """Tokens ``[start, end)`` of an allocated request were loaded by another connector of the
         stack: saved here only when ``save`` (the stack promotes them into this store)."""
-        live = self._live.get(request_id)
-        if live is not None and not save and end > start:
-            live.foreign.append((start, end))
-
-    # ---- saves ---------------------------------------------------------------------
-
-    def finished(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> bool:
-        """Plan the save of a finished request's computed full blocks not saved yet; ``True`` when
-        its blocks must be held until those saves have read them."""
-        check_token_request(request, connector=self._owner, method=method)
-        request_id = request.request_id
-        self._offers.pop(request_id, None)
-        live = self._live.pop(request_id, None)
-        if request_id in self._receiving:  # its load may still be writing: the engine holds the blocks until
-            del self._receiving[request_id]  # it is received; nothing of it is saved (the engine frees once)
-            self._keys.pop(request_id, None)
-            return False
-        if request_id in self._stale:
-            self._stale.discard(request_id)
-            self._keys.pop(request_id, None)
-            return False
-        keys = self._keys.pop(request_id, None) or (live.keys if live is not None else None)
-        if keys is None:
-            keys = RequestKeys(self._hasher, request.all_token_ids, request_key_inputs(request, connector=self._owner, method=method))
-        keys.update(request.all_token_ids)
-        self._check_block_ids(block_ids, method)
-        computed = self._computed_tokens(request, method)
-        candidates = _own(sorted(
-            ((block + 1) * geometry.block_size, group, block)
-            for group, geometry in enumerate(self._geometry)
-            for block in range(min(computed // geometry.block_size, len(block_ids[group])))
-        ), self._geometry, live.foreign if live is not None else None)
-        self._look_up(
-            [(keys, group, block) for _, group, block in candidates if block_ids[group][block] != self._null], method
-        )
-        return self._plan(request_id, keys, candidates, lambda g, b: block_ids[g][b], None, self._saves, method)
-
-    def _step_candidates(self, live: _Live, before: int, after: int) -> list[_Candidate]:
-        """The blocks a step fills (tokens ``[before, after)`` computed) whose save is not decided yet."""
-        tokens = live.request.all_token_ids
-        live.keys.update(tokens)
-        after = min(after, len(tokens))  # tokens not known yet (speculative) have no key
-        candidates: list[_Candidate] = []
-        for group, geometry in enumerate(self._geometry):
-            size = geometry.block_size
-            # Back to where computation restarts; never before the window (those blocks may be gone).
-            first = max(min(live.next_block[group], before // size), geometry.first_kept(before))
-            live.next_block[group] = first
-            table = live.tables[group]
-            candidates += (((b + 1) * size, group, b) for b in range(first, min(after // size, len(table))))
-        return _own(sorted(candidates), self._geometry, live.foreign)
-
-    def _look_up(self, wanted: list[tuple[RequestKeys, int, int]], method: str) -> None:
-        """Tell a batched index every ``(keys, group, block)`` about to be asked about: one round trip."""
-        if self._batched is not None and wanted:
-            self._batched.lookup([keys.key(group, block, method=method) for keys, group, block in wanted])
-
-    def _plan(
-        self,
-        request_id: str,
-        keys: RequestKeys,
-        candidates: list[_Candidate],
-        block_id: Callable[[int, int], int],
-        cursors: list[int] | None,
-        into: list[BlockMove],
-        method: str,
-    ) -> bool:
-        """Reserve and plan ``candidates`` in order, skipping null and held blocks, until the store
-        is full; ``cursors`` (per group) advance past every block decided. Whether any was planned.
-
-        Held blocks are marked used tail first, so a chain's head is its most recent block; a
-        chain-aware index also keeps the request's own chain from being evicted by its saves."""
-        chains = self._chains(keys, candidates, method)
-        planned: dict[int, list[tuple[int, BlockKey, int]]] = {}
-        touched: list[BlockKey] = []
-        for _, group, block in candidates:
-            engine_block = block_id(group, block)
-            if engine_block != self._null:
-                key = keys.key(group, block, method=method)
-                if self._index.holds(key):
-                    touched.append(key)
-                else:
-                    slot = self._index.reserve(key)
-                    if slot is None:
-                        break  # full: keep whole prefixes, retry later
-                    planned.setdefault(group, []).append((engine_block, key, slot))
-            if cursors is not None:
-                cursors[group] = block + 1
-        if chains is not None and self._chained is not None:
-            self._chained.end_use()  # stamps the chains, the blocks just reserved in their places
-        else:
-            for key in reversed(touched):
-                self._index.touch(key)
-        for group, entries in sorted(planned.items()):
-            ids, group_keys, slots = zip(*entries, strict=True)
-            into.append(BlockMove(request_id, group, ids, group_keys, slots))
-        return bool(planned)
-
-    def _chains(self, keys: RequestKeys, candidates: list[_Candidate], method: str) -> list[list[BlockKey]] | None:
-        """For a chain-aware index: each group's chain up to the last candidate, marked in use."""
-        chained = self._chained
-        if chained is None or not candidates:
-            return None
-        ends: dict[int, int] = {}
-        for _, group, block in candidates:
-            ends[group] = max(ends.get(group, 0), block + 1)
-        chains = [[keys.key(group, block, method=method) for block in range(end)] for group, end in sorted(ends.items())]
-        for chain in chains:
-            chained.use(chain)
-        return chains
+        self._saving.loaded_elsewhere(request_id, start, end, save)
 
     def take_hit_tokens(self) -> int:
         """Tokens loaded into the engine since the last call."""
         tokens, self.hit_tokens = self.hit_tokens, 0
         return tokens
 
+    # ---- saves ---------------------------------------------------------------------
+
+    def finished(self, request: ComputedTokenRequest, block_ids: BlockIds, method: str) -> bool:
+        """Plan the save of a finished request's computed full blocks not saved yet; ``True`` when
+        its blocks must be held until those saves have read them.
+
+        Blocks from the first token of a load the engine has not heard the end of are not saved (they
+        may hold anything); a request whose asynchronous load still runs saves nothing — its blocks
+        are being written, and the engine holds them until the receive (and frees them once)."""
+        check_token_request(request, connector=self._owner, method=method)
+        request_id = request.request_id
+        self._offers.pop(request_id, None)
+        receiving = self._settling.receiving(request_id)
+        unfilled = self._settling.finishing(request_id)
+        keys = self._keys.pop(request_id, None) or self._saving.keys(request_id)
+        if receiving or request_id in self._stale:
+            self._stale.discard(request_id)
+            self._saving.forget(request_id)
+            return False
+        if keys is None:
+            keys = RequestKeys(self._hasher, request.all_token_ids, request_key_inputs(request, connector=self._owner, method=method))
+        keys.update(request.all_token_ids)
+        self._check_block_ids(block_ids, method)
+        computed = self._computed_tokens(request, method)
+        if unfilled is not None:
+            block_ids = unfilled_masked(block_ids, unfilled, self._spec, single=False)
+        return self._saving.finished(request, keys, block_ids, computed, method)
+
     # ---- step boundaries -------------------------------------------------------------
 
     def build(self, scheduler_output: object = None) -> StoreMetadata:
         """This step's metadata: loads, finished requests' saves, and the saves of the blocks the
         step fills; the loads' pins last until the worker reports this step's loads done."""
-        method = "build_connector_meta"
-        steps: list[tuple[_Live, list[_Candidate]]] = []
-        for view in scheduled_blocks(scheduler_output, owner=self._owner):
-            live = self._live.get(view.request_id)
-            if live is None:  # never allocated through this connector: its tokens are unknown
-                continue
-            if view.block_ids is not None:
-                self._check_block_ids(view.block_ids, method)
-                if view.replace:
-                    live.tables = [list(ids) for ids in view.block_ids]
-                else:
-                    for table, ids in zip(live.tables, view.block_ids, strict=True):
-                        table.extend(ids)
-            if view.request_id not in self._load_failed and view.request_id not in self._stale:
-                before = view.num_computed_tokens
-                steps.append((live, self._step_candidates(live, before, before + view.num_scheduled_tokens)))
-        self._look_up(
-            [(live.keys, g, b) for live, candidates in steps for _, g, b in candidates if live.tables[g][b] != self._null],
-            method,
-        )
-        for live, candidates in steps:
-            if candidates:
-                self._plan(
-                    live.request.request_id, live.keys, candidates, _reader(live.tables), live.next_block,
-                    self._step_saves, method,
-                )
+        self._saving.step(scheduler_output, self._load_failed | self._stale, "build_connector_meta")
         self._step += 1
+        self._settling.built(True)
         evicted = tuple(self._evicting.take_evicted()) if self._evicting is not None else ()
+        saves, step_saves = self._saving.take()
+        receiving = self._receiving_now
         metadata = StoreMetadata(
-            tuple(self._loads), tuple(self._saves), tuple(self._unavailable), self._step, tuple(self._step_saves),
-            evicted, tuple(self._receiving_now),
+            tuple(self._loads), saves, tuple(self._unavailable), self._step, step_saves, evicted,
+            tuple(request_id for request_id, _ in receiving), tuple(number for _, number in receiving),
         )
         self._receiving_now = []
         if self._pinned:
             self._pinned_by_step[self._step] = self._pinned
-        self._loads, self._saves, self._unavailable, self._pinned = [], [], [], []
-        self._step_saves = []
+        self._loads, self._unavailable, self._pinned = [], [], []
         self._load_failed.clear()
         if self._batched is not None:
             self._batched.forget()
         return metadata
 
     def output(self, connector_output: KVConnectorOutput) -> None:
-        """The worker reported: release the pins of every step whose loads ran; saves reported
-        stored become loadable, failed ones saveable."""
+        """The worker reported: release the pins of every step whose loads ran, end the loads that are
+        over; saves reported stored become loadable, failed ones saveable."""
         method = "update_connector_output"
         report: object = getattr(connector_output, "worker_meta", _MISSING)
         if report is _MISSING:
@@ -384,8 +263,6 @@ class StoreScheduler:
                 f"{self._owner}.{method}: expected a KVConnectorOutput (with worker_meta), got {connector_output!r}",
                 connector=self._owner, method=method, value=connector_output,
             )
-        for request_id in getattr(connector_output, "finished_recving", None) or ():
-            self._receiving.pop(request_id, None)
         if report is None:
             return
         if not isinstance(report, SaveReport):
@@ -404,9 +281,14 @@ class StoreScheduler:
             if part.layout is not None and self._layout_aware is not None:
                 self._layout_aware.set_layout(part.layout, part.shard)
         if report.loaded_through is not None:
+            self._settling.ran_through(report.loaded_through)
             for step in [step for step in self._pinned_by_step if step <= report.loaded_through]:
                 for key in self._pinned_by_step.pop(step):
                     self._index.unpin(key)
+        for part in parts:
+            for number in part.received:
+                if number in self._receiving and self._every_shard(self._received_by, number, part.shard):
+                    self._settling.settle(self._receiving.pop(number), number)
         if self._loss_aware is not None:
             for key in {key for part in parts for key in part.lost}:
                 self._loss_aware.lost(key)
@@ -416,13 +298,19 @@ class StoreScheduler:
             self._index.release(key)
         for part in parts:
             for key in part.stored - failed:
-                if self._shards > 1:
-                    shards = self._stored_by.setdefault(key, set())
-                    shards.add(part.shard)
-                    if len(shards) < self._shards:
-                        continue  # loadable once every shard holds its part
-                    del self._stored_by[key]
-                self._index.commit(key)
+                if self._every_shard(self._stored_by, key, part.shard):
+                    self._index.commit(key)
+
+    def _every_shard(self, tally: dict[_T, set[int]], item: _T, shard: int) -> bool:
+        """``shard`` reported ``item``: whether every shard has now (then ``item`` leaves ``tally``)."""
+        if self._shards == 1:
+            return True
+        shards = tally.setdefault(item, set())
+        shards.add(shard)
+        if len(shards) < self._shards:
+            return False
+        del tally[item]
+        return True
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -460,23 +348,6 @@ class StoreScheduler:
                 connector=self._owner, method=method, value=count,
             )
         return count
-
-
-def _own(
-    candidates: list[_Candidate], geometry: Sequence[GroupGeometry], foreign: list[tuple[int, int]] | None
-) -> list[_Candidate]:
-    """``candidates`` without the blocks that lie within a range another connector loaded."""
-    if not foreign:
-        return candidates
-    return [
-        (end, group, block) for end, group, block in candidates
-        if not any(start <= end - geometry[group].block_size and end <= stop for start, stop in foreign)
-    ]
-
-
-def _reader(tables: list[list[int]]) -> Callable[[int, int], int]:
-    """``(group, block) -> engine block id`` over a request's block tables."""
-    return lambda group, block: tables[group][block]
 
 
 _MISSING = object()

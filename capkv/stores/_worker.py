@@ -1,11 +1,12 @@
 """The worker side of a store: run the metadata's loads and saves against a backend.
 
-A damaged or missing value is a load error of its group and reported lost, so the scheduler side stops
-offering it (docs/internals.md, "The worker side").
+Saves go to the writer, loads to :mod:`capkv.stores._worker_loads`; ``flush`` and ``close`` are bounded
+(docs/internals.md, "The worker side").
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, cast
@@ -14,16 +15,14 @@ from capkv.contracts._engine import LoadErrors
 from capkv.contracts._spec import KVSpec
 from capkv.errors import ConfigError
 from capkv.stores._backend import Backend, StoreKey
-from capkv.stores._keys import BlockKey
-from capkv.stores._loading import LoadOutcome, load_chunks, plan_chunks
-from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
-from capkv.stores._reader import BackgroundLoads
-from capkv.stores._staging import RowCache, StagingRing
-from capkv.stores._causes import LoadFailureLog, backend_fault
 from capkv.stores._failures import raise_failures
-from capkv.stores._gathering import gather_checksummed
 from capkv.stores._fingerprint import layout_fingerprints
+from capkv.stores._gathering import gather_checksummed
+from capkv.stores._keys import BlockKey
+from capkv.stores._metadata import BlockMove, SaveReport, StoreMetadata
+from capkv.stores._staging import RowCache
 from capkv.stores._value import HEADER_SIZE
+from capkv.stores._worker_loads import WorkerLoads
 from capkv.stores._writer import DEFAULT_BATCH_BYTES, SaveJob, Writer
 
 if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
@@ -32,7 +31,11 @@ if TYPE_CHECKING:  # torch loads with the KV cache, not with the store classes
     import capkv.transfer._copier
     import capkv.transfer._handle
 
-__all__ = ["StoreWorker"]
+__all__ = ["DRAIN_TIMEOUT_S", "StoreWorker"]
+
+DRAIN_TIMEOUT_S = 60.0
+"""How long ``flush`` and ``close`` wait, at most, for the loads and saves under way (as long as the
+writer gives a save at close): past it, loads still running are reported failed."""
 
 
 class StoreWorker:
@@ -53,8 +56,6 @@ class StoreWorker:
         self._background = background
         self._batch_bytes = batch_bytes
         self._copier = cast("capkv.transfer._copier.BlockCopier | None", None)
-        self._ring: StagingRing | None = None
-        """The host rows loads go through (made on the first load, reused)."""
         self._rows: RowCache | None = None
         """The host rows saves are gathered into (made on the first save, reused)."""
         self._writer: Writer | None = None
@@ -65,25 +66,17 @@ class StoreWorker:
         """Started saves (their rows go back to ``_rows`` once written: :class:`SaveJob`'s ``release``)."""
         self._stored: set[BlockKey] = set()
         self._failed: set[BlockKey] = set()
-        self._errors: LoadErrors = {}
         self._counts: Counter[str] = Counter()
-        self._ran_through = self._reported_through = 0  # steps whose loads ran or started; last reported
-        self._receiving_for: StoreMetadata | None = None
-        """The bound metadata whose asynchronous loads were started (binding and ``start_load_kv`` both start
-        them: once per metadata, whatever its step number says)."""
-        self._reader = BackgroundLoads(backend, owner=owner)
-        """The loads of requests the scheduler side answered ``load_async`` for (``StoreMetadata.receiving``)."""
-        self._load_failed: set[str] = set()
-        """Requests whose load failed in the step being run."""
+        self._reported_through = 0  # the last step whose loads were reported over
+        self._loads = WorkerLoads(backend, owner=owner, copier=self.copier, store_key=self.store_key, counts=self._counts)
         self._layout_news: tuple[bytes, ...] | None = None
         """The layout fingerprint per group, not yet reported (see ``SaveReport.layout``)."""
-        self._read_failures: list[BaseException] = []
-        self._failure_log = LoadFailureLog(owner)
         self._closed = False
-        self.damaged_values: int = 0
+
+    @property
+    def damaged_values(self) -> int:
         """Values that failed their checks at load time (deleted from the backend)."""
-        self._lost: set[BlockKey] = set()
-        """Values a load found damaged or absent, not yet reported (``SaveReport.lost``)."""
+        return self._loads.damaged_values
 
     # ---- the KV cache ----------------------------------------------------------------------
 
@@ -94,9 +87,7 @@ class StoreWorker:
         layouts = layout_fingerprints(self._spec, copier)
         self._sizes = tuple(HEADER_SIZE + copier.block_nbytes(g) for g in range(self._spec.num_groups))
         self._copier, self._layouts = copier, layouts
-        if self._ring is not None:  # rows for the previous KV cache's device
-            self._ring.clear()
-            self._ring = None
+        self._loads.clear_rows()  # rows for the previous KV cache's device
         self._rows = None
         self._layout_news = layouts
         if self._writer is None:
@@ -113,11 +104,7 @@ class StoreWorker:
         for handles in self._sending.values():
             for handle in handles:
                 handle.wait()
-        self._reader.wait()  # scatters into the cache being released
-        self._reader.drop_rows()
-        if self._ring is not None:
-            self._ring.clear()
-            self._ring = None
+        self._loads.release()  # loads scatter into the cache being released
         self._copier = None
 
     def _attached(self, copier: capkv.transfer._copier.BlockCopier) -> None:
@@ -156,88 +143,27 @@ class StoreWorker:
         """``key``'s physical key in this worker's layout (after ``register_kv_caches``)."""
         return StoreKey(key, self._layouts[key.group], self._sizes[key.group])
 
-    # ---- loads -------------------------------------------------------------------------------
+    # ---- loads (:mod:`capkv.stores._worker_loads`) ---------------------------------------------
 
     def receive(self, metadata: StoreMetadata, method: str) -> None:
-        """Start the step's asynchronous loads (``metadata.receiving``) on the reader thread
-        (:mod:`capkv.stores._reader`), once per step: as soon as the metadata is bound, so they overlap
-        the step's forward pass (vLLM calls ``start_load_kv`` after the forward when a step has no
-        synchronous load: on a CPU, whose forward is not launched but run, that would be a step lost).
-        Safe before the forward: the engine computes none of these requests until they are received."""
-        if metadata is self._receiving_for or not metadata.receiving:
-            return
-        self._receiving_for = metadata
-        receiving = frozenset(metadata.receiving)
-        later = [move for move in metadata.loads if move.request_id in receiving]
-        copier = self.copier(method)
-        chunks = plan_chunks(later, self.store_key, self._sizes, self._reader.ring(copier))
-        self._reader.start(metadata.step, receiving, chunks, copier)
+        """Start the step's asynchronous loads on the reader thread, as soon as the metadata is bound."""
+        self._loads.receive(metadata, self._sizes, method)
 
     def load(self, metadata: StoreMetadata) -> None:
-        """Run the step's loads, chunk by chunk (:mod:`capkv.stores._loading`), and order the engine's
-        stream after them; the loads of requests it receives asynchronously (``metadata.receiving``)
-        are started by :meth:`receive`, here at the latest."""
-        for group, block_id in metadata.unavailable:
-            self._errors.setdefault(group, set()).add(block_id)
-        self._load_failed = set()
-        receiving = frozenset(metadata.receiving)
-        now = [move for move in metadata.loads if move.request_id not in receiving]
-        if now:
-            copier = self.copier("start_load_kv")
-            ring = self._staging_ring(copier)
-            outcome = load_chunks(
-                plan_chunks(now, self.store_key, self._sizes, ring), self._backend, copier, ring, owner=self._owner
-            )
-            self._count_load(outcome)
-            self._load_failed = outcome.failed_requests
-            for handle in outcome.handles:
-                handle.stream_wait()
-        self.receive(metadata, "start_load_kv")
-        self._ran_through = metadata.step  # stream-ordered: the engine reads them after this
+        """Run the step's loads (the asynchronous ones start here at the latest)."""
+        self._loads.load(metadata, self._sizes)
 
-    def _count_load(self, outcome: LoadOutcome) -> None:
-        """Take in what a load did: its load errors, failures, lost and damaged values, counts."""
-        for group, failed in outcome.errors.items():
-            self._errors.setdefault(group, set()).update(failed)
-        self._failure_log.failed(outcome.errors, outcome.why)
-        if outcome.read_failure is not None:
-            self._read_failures.append(outcome.read_failure)
-        self.damaged_values += len(outcome.damaged)
-        self._lost.update(key.block for key in outcome.lost)
-        self._counts["loaded_blocks"] += outcome.loaded
-        self._counts["loaded_bytes"] += outcome.loaded_bytes
-        self._counts["failed_blocks"] += sum(len(failed) for failed in outcome.errors.values())
-        if outcome.damaged:
-            self._forget_damaged(outcome.damaged)
+    def loads_failed(self, request_ids: Collection[str]) -> None:
+        """Loads of these requests failed this step elsewhere in a stack: they save nothing this step."""
+        self._loads.loads_failed(request_ids)
 
     def received(self) -> set[str] | None:
-        """Requests whose asynchronous load is over (``get_finished``'s receiving set); their failed
-        blocks are load errors from now on, so the engine hears of both in the same step."""
-        received: set[str] = set()
-        for finished in self._reader.take_finished():
-            self._count_load(finished.outcome)
-            received |= finished.requests
-        return received or None
+        """Requests whose asynchronous load is over (``get_finished``'s receiving set)."""
+        return self._loads.received()
 
-    def _row_cache(self, copier: capkv.transfer._copier.BlockCopier) -> RowCache:
-        """The host rows saves are gathered into (pinned on CUDA), reused once their write is over."""
-        cache = self._rows
-        if cache is None:
-            cache = self._rows = RowCache(lambda nbytes: copier.host_rows(1, nbytes)[0])
-        return cache
-
-    def _staging_ring(self, copier: capkv.transfer._copier.BlockCopier) -> StagingRing:
-        """The host rows loads go through, made with the KV cache's copier (pinned on CUDA) and reused."""
-        ring = self._ring
-        if ring is None:
-            ring = self._ring = StagingRing(lambda nbytes: copier.host_rows(1, nbytes)[0])
-        return ring
-
-    def _forget_damaged(self, keys: list[StoreKey]) -> None:
-        try:
-            self._backend.delete(keys)
-        except Exception as error:  # noqa: BLE001 (it is found damaged again next time)
-            self._read_failures.append(backend_fault(error, "delete"))
+    def take_load_errors(self) -> LoadErrors:
+        """Blocks that could not be loaded since the last call, per group."""
+        return self._loads.take_errors()
 
     # ---- saves -------------------------------------------------------------------------------
 
@@ -252,14 +178,10 @@ class StoreWorker:
             if job is not None:
                 copies.append(job.copied)
 
-    def loads_failed(self, request_ids: Collection[str]) -> None:
-        """Loads of these requests failed this step elsewhere in a stack: they save nothing this step."""
-        self._load_failed.update(request_ids)
-
     def save_computed(self, metadata: StoreMetadata) -> None:
         """Start saving the blocks this step filled; order the engine's stream after the copies."""
         for move in metadata.step_saves:
-            if move.request_id in self._load_failed:
+            if move.request_id in self._loads.failed_now:
                 self._failed.update(move.keys)  # computed on a failed load: not stored, saveable again
                 continue
             job = self._start_save(move, "wait_for_save")
@@ -283,7 +205,7 @@ class StoreWorker:
         rows, buffer = cache.rows(count, size)
         keys = [self.store_key(key) for key in move.keys]
         if copier.device.type == "cpu" and not writer.background:
-            step = self._staging_ring(copier).rows_per_chunk(size)
+            step = self._loads.staging_ring(copier).rows_per_chunk(size)
             copied, checksums = gather_checksummed(copier, move.group, move.block_ids, rows, keys, step)
         else:
             copied, checksums = copier.gather(move.group, move.block_ids, rows[:, HEADER_SIZE:]), None
@@ -293,6 +215,13 @@ class StoreWorker:
         self._counts["saved_blocks"] += len(move.block_ids)
         self._counts["saved_bytes"] += len(move.block_ids) * (self._sizes[move.group] - HEADER_SIZE)
         return job
+
+    def _row_cache(self, copier: capkv.transfer._copier.BlockCopier) -> RowCache:
+        """The host rows saves are gathered into (pinned on CUDA), reused once their write is over."""
+        cache = self._rows
+        if cache is None:
+            cache = self._rows = RowCache(lambda nbytes: copier.host_rows(1, nbytes)[0])
+        return cache
 
     def finished(self) -> set[str] | None:
         """Requests whose every save has read its blocks (they may be freed now)."""
@@ -304,21 +233,20 @@ class StoreWorker:
     # ---- reports -----------------------------------------------------------------------------
 
     def report(self) -> SaveReport | None:
-        """The saves that ended since the last call, stored or failed, and the last step whose loads
-        ran (``None`` when there is no news)."""
+        """The saves that ended since the last call, stored or failed, the loads reported received, and
+        the last step whose loads ran (``None`` when there is no news)."""
         self._settle(wait=False)
-        pending = self._reader.pending_since()
-        through = self._ran_through if pending is None else pending - 1  # pins outlive the loads reading them
+        through = self._loads.loaded_through()
         loaded_through = through if through > self._reported_through else None
-        if not (self._stored or self._failed or self._lost) and loaded_through is None and self._layout_news is None:
+        news = self._stored or self._failed or self._loads.has_news()
+        if not news and loaded_through is None and self._layout_news is None:
             return None
         report = SaveReport(
             frozenset(self._stored), frozenset(self._failed), loaded_through, self._layout_news,
-            self._spec.shard.index, lost=frozenset(self._lost),
+            self._spec.shard.index, lost=self._loads.take_lost(), received=self._loads.take_received(),
         )
         self._stored, self._failed, self._layout_news = set(), set(), None
         self._reported_through = max(self._reported_through, through)
-        self._lost = set()
         return report
 
     def _settle(self, *, wait: bool) -> None:
@@ -336,47 +264,57 @@ class StoreWorker:
 
     def take_counts(self) -> dict[str, int]:
         """Blocks and bytes loaded, saved and failed since the last call (non-zero counters only)."""
-        counts, self._counts = dict(+self._counts), Counter()
+        counts = dict(+self._counts)
+        self._counts.clear()
         return counts
-
-    def take_load_errors(self) -> LoadErrors:
-        """Blocks that could not be loaded since the last call, per group."""
-        errors, self._errors = self._errors, {}
-        return errors
 
     # ---- draining ------------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Wait until every started save is over; raise the failures since the last call, each once."""
-        if self._writer is not None:
-            self._writer.wait()
-        self._reader.wait()
-        self._settle(wait=True)
+    def flush(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Wait until every started save and load is over, for at most ``timeout_s`` (then the loads still
+        running are reported failed, and a ``TimeoutError`` says what was left); raise the failures since
+        the last call, each once."""
+        deadline = time.monotonic() + timeout_s
+        saved = self._writer is None or self._writer.wait(timeout_s)
+        if not self._loads.reader.wait(max(0.0, deadline - time.monotonic())):
+            running = self._loads.reader.running()
+            stuck = self._loads.reader.abandon()
+            what = f"{running - stuck} given up, reported failed" + (
+                f"; {stuck} still reading into the KV cache, reported when their reads return" if stuck else ""
+            )
+            self._loads.keep_failure(TimeoutError(f"{self._owner}: {running} loads still running after {timeout_s:g} s ({what})"))
+        if not saved:
+            self._loads.keep_failure(TimeoutError(f"{self._owner}: saves still being written after {timeout_s:g} s"))
+        self._settle(wait=saved)
         self._raise_failures()
 
     def _raise_failures(self) -> None:
         failures, dropped = self._writer.take_failures() if self._writer is not None else ([], 0)
-        reads, self._read_failures = self._read_failures, []
+        reads = self._loads.take_failures()
         raise_failures(self._owner, reads + failures, dropped, reads=len(reads))
 
-    def shutdown(self) -> None:
-        """Let every started save complete, stop the writer, close the backend; raise the failures
-        not raised yet. Safe to call twice."""
+    def shutdown(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Let every started save complete and every load end (for at most ``timeout_s``: then the loads
+        still running are reported failed and the saves not written fail), stop the threads, close the
+        backend; raise the failures not raised yet. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + timeout_s
         try:
             for handles in self._sending.values():
                 for handle in handles:
                     handle.wait()
-            self._reader.close()
-            for finished in self._reader.take_finished():
-                self._count_load(finished.outcome)  # read failures are raised below
+            abandoned = self._loads.reader.close(timeout_s)
+            self._loads.collect()  # their failures are raised below; their receives still reported
+            if abandoned:
+                self._loads.keep_failure(TimeoutError(
+                    f"{self._owner}: {abandoned} loads still running after {timeout_s:g} s at close, reported failed"
+                ))
             if self._writer is not None:
-                self._writer.close()
+                self._writer.close(max(0.0, deadline - time.monotonic()))
             self._settle(wait=True)
-            if self._ring is not None:
-                self._ring.clear()
+            self._loads.clear_rows()
             if self._rows is not None:
                 self._rows.clear()
         finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,8 @@ class MiniEngine:
         self.held: dict[str, tuple[list[int], ...]] = {}
         self.received: set[str] = set()
         """Requests the connector reported received (asynchronous loads), not yet taken."""
+        self.receipts: Counter[str] = Counter()
+        """How many times each request was reported received (one per load), all along."""
         self._scribble(range(spec.num_blocks), groups=range(spec.num_groups))
         self.null_snapshot = {name: self._block(name, null).clone() for name in self.caches}
         connector.register_kv_caches(self.caches)
@@ -191,6 +194,7 @@ class MiniEngine:
             )
         )
         self.received |= recving or set()
+        self.receipts.update(recving or ())
         for request_id in sending or ():
             self._free(self.held.pop(request_id))
 
