@@ -10,7 +10,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -155,6 +158,22 @@ class RedisCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+@contextmanager
+def module_server(prefix: str) -> Iterator[RedisServer | None]:
+    """One server in a fresh directory for a whole test module (``None`` where Redis is missing: the module's
+    Redis cases skip), stopped and removed after."""
+    if MISSING is not None:
+        yield None
+        return
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    server = RedisServer(directory).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def missing_reason() -> str | None:

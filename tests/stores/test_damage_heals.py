@@ -25,7 +25,6 @@ scheduler and workers are. The host pool lives in one process.
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import tempfile
 import uuid
@@ -46,7 +45,7 @@ from capkv.stores._value import HEADER_SIZE
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine, Req, Run
 from tests.paged import Group, make_spec
-from tests.redis.servers import MISSING, RedisServer
+from tests.redis.servers import MISSING, RedisServer, module_server
 
 EXAMPLES = int(os.environ.get("CAPKV_DAMAGE_EXAMPLES", "200"))
 BLOCK = 16
@@ -217,16 +216,8 @@ class RedisStore(Store):
 
 @pytest.fixture(scope="module")
 def redis_server() -> Iterator[RedisServer | None]:
-    if MISSING is not None:
-        yield None
-        return
-    directory = Path(tempfile.mkdtemp(prefix="capkv-heal-redis-"))
-    server = RedisServer(directory).start()
-    try:
+    with module_server("capkv-heal-redis-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def open_store(kind: str, stack: ExitStack, server: RedisServer | None) -> Store:

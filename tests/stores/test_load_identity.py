@@ -13,12 +13,13 @@ Each drives the store's real reader thread over a scripted slow backend (:mod:`t
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from capkv import KVConnectorOutput, MultiConnector, check_stack, finish_request
-from capkv.stores import StoreConnector
+from capkv.stores import MemoryBackend, StoreConnector, StoreKey
 from tests.connectors.conftest import tokens
 from tests.connectors.engine import MiniEngine, Req
 from tests.paged import Group, make_spec
@@ -144,3 +145,39 @@ def test_a_read_raising_a_base_exception_fails_its_load_and_loses_no_other_repor
     with pytest.raises(RuntimeError, match="met Fatal.*the reader's read died"):
         _store(engine.connector).flush()
     _store(engine.connector).flush()  # raised once
+
+
+def test_a_request_failed_in_the_step_its_synchronous_load_failed_saves_nothing_from_the_load_on() -> None:
+    """vLLM fails a request (``kv_load_failure_policy="fail"``) while taking in the output of the step its load
+    failed in, before the connector hears that output: the blocks computed in that step were computed on KV
+    that never arrived, and a store on its own must not save them."""
+
+    class Breaks(MemoryBackend):
+        broken = False
+
+        def get(self, keys: Sequence[StoreKey], /) -> list[bytes | None]:
+            if self.broken:
+                raise ConnectionError("backend down")
+            return super().get(keys)
+
+    backend = Breaks()
+    spec = make_spec([Group(16), Group(16, window=32)], num_blocks=64)
+    connector = StoreConnector(spec, backend)
+    engine = MiniEngine(spec, connector)
+    engine.run("seed", PROMPT[:64])
+    connector.flush()
+    request = Req("failed", [*PROMPT, 1])
+    offered, load_async = connector.get_num_new_matched_tokens(request, 0)
+    assert (offered, load_async) == (64, False)
+    blocks = engine._allocate(len(request.all_token_ids), offered)
+    connector.update_state_after_alloc(request, blocks, offered)
+    backend.broken = True
+    connector.bind_connector_metadata(connector.build_connector_meta(None))
+    connector.start_load_kv(None)
+    engine.compute(request, blocks, offered, len(PROMPT))  # the forward, on KV the load never delivered
+    request.num_computed_tokens = len(PROMPT)
+    connector.wait_for_save()
+    assert connector.get_block_ids_with_load_errors()
+    delay_free, _ = finish_request(connector, request, blocks)  # failed before its step's output comes back
+    metadata = connector.build_connector_meta(None)
+    assert delay_free is False and metadata.saves == (), "blocks computed on a failed load were planned for saving"

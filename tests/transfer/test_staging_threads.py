@@ -124,34 +124,30 @@ def _hold_at_copy(monkeypatch: pytest.MonkeyPatch, other: Callable[[], None], *,
     monkeypatch.setattr(cuda_path, "copy_rows", copy_rows)
 
 
-def test_a_save_gathered_while_a_load_scatters_stores_its_own_blocks(
-    copiers: tuple[BlockCopier, BlockCopier], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("held", ["save", "load"])
+def test_a_load_and_a_save_on_two_threads_each_move_their_own_bytes(
+    held: str, copiers: tuple[BlockCopier, BlockCopier], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The save is held between gathering into staging and copying staging out; the load runs whole."""
+    """``held="save"``: the save is held between gathering into staging and copying staging out, while the
+    load runs whole; ``"load"``: the load is held between copying its rows into staging and scattering
+    staging into its blocks, while the save runs whole."""
     copier, reference = copiers
     saved_ids, loaded_ids = [1, 2, 3], [7, 8, 9]
     expected = _blocks(reference, saved_ids)
     incoming = torch.randint(0, 256, expected.shape, dtype=torch.uint8)
-    _hold_at_copy(monkeypatch, lambda: copier.scatter(0, loaded_ids, incoming).wait(), after=False)
     rows = copier.host_rows(len(saved_ids), copier.block_nbytes(0))
-    copier.gather(0, saved_ids, rows).wait()
+
+    def save() -> None:
+        copier.gather(0, saved_ids, rows).wait()
+
+    def load() -> None:
+        copier.scatter(0, loaded_ids, incoming).wait()
+
+    first, other = (save, load) if held == "save" else (load, save)
+    _hold_at_copy(monkeypatch, other, after=held == "load")
+    first()
     assert torch.equal(rows, expected), "the save took the load's bytes for its own blocks"
-    assert torch.equal(_blocks(reference, loaded_ids), incoming)
-
-
-def test_a_load_scattered_while_a_save_gathers_writes_its_own_bytes(
-    copiers: tuple[BlockCopier, BlockCopier], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The load is held between copying its rows into staging and scattering staging into its blocks."""
-    copier, reference = copiers
-    saved_ids, loaded_ids = [1, 2, 3], [7, 8, 9]
-    expected = _blocks(reference, saved_ids)
-    incoming = torch.randint(0, 256, expected.shape, dtype=torch.uint8)
-    rows = copier.host_rows(len(saved_ids), copier.block_nbytes(0))
-    _hold_at_copy(monkeypatch, lambda: copier.gather(0, saved_ids, rows).wait(), after=True)
-    copier.scatter(0, loaded_ids, incoming).wait()
-    assert torch.equal(_blocks(reference, loaded_ids), incoming), "the load wrote the save's blocks into its own"
-    assert torch.equal(rows, expected)
+    assert torch.equal(_blocks(reference, loaded_ids), incoming), "the load wrote the save's bytes into its blocks"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the CPU tests above stub it)")
