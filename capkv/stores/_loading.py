@@ -107,7 +107,7 @@ def load_chunks(
     in_place = on_cpu and isinstance(backend, ReadsIntoParts)
     reads = _Reads(backend, owner, outcome)
     if in_place:
-        with guard:  # the backend reads straight into the engine's blocks
+        with guard.reading():  # the backend reads straight into the engine's blocks
             _load_in_place(chunks, reads, copier, outcome)
         return outcome
     if on_cpu and not isinstance(backend, ReadsInto):

@@ -7,6 +7,8 @@ corrupt blocks it recomputes (docs/internals.md, "Loads off the engine's step").
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, cast
 
@@ -25,11 +27,12 @@ class WriteGuard:
     blocks themselves); :meth:`abandon` ends them. Copies a write queued (a CUDA scatter) are kept
     with :meth:`keep`, and waited for by :meth:`abandon`."""
 
-    __slots__ = ("_abandoned", "_copies", "_lock")
+    __slots__ = ("_abandoned", "_copies", "_lock", "_reading")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._abandoned = False
+        self._reading = False
         self._copies = cast("list[capkv.transfer._handle.CopyHandle]", [])
 
     @property
@@ -47,6 +50,17 @@ class WriteGuard:
     ) -> None:
         self._lock.release()
 
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """``with guard.reading():`` around a backend read straight into the KV cache: a write that lasts as
+        long as the backend takes (a hung disk: for ever), which :meth:`abandon` does not wait for."""
+        with self:
+            self._reading = True
+            try:
+                yield
+            finally:
+                self._reading = False
+
     def keep(self, copy: capkv.transfer._handle.CopyHandle) -> None:
         """A copy into the KV cache that a write queued and that may still run (call inside ``with``)."""
         if not copy.done():
@@ -56,7 +70,7 @@ class WriteGuard:
         """Give the load up, once no write is under way (waiting at most ``timeout_s`` for one to end) and
         every copy a write queued has completed; ``False``: a write is still under way (a read into the
         blocks themselves, stuck in the backend), and the load is not given up."""
-        if not self._lock.acquire(timeout=max(0.0, timeout_s)):
+        if self._reading or not self._lock.acquire(timeout=max(0.0, timeout_s)):
             return False
         try:
             self._abandoned = True
