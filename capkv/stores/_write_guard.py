@@ -7,7 +7,7 @@ corrupt blocks it recomputes (docs/internals.md, "Loads off the engine's step").
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, cast
@@ -51,7 +51,7 @@ class WriteGuard:
         self._lock.release()
 
     @contextmanager
-    def reading(self) -> Iterator[None]:
+    def reading(self) -> Generator[None]:
         """``with guard.reading():`` around a backend read straight into the KV cache: a write that lasts as
         long as the backend takes (a hung disk: for ever), which :meth:`abandon` does not wait for."""
         with self:
