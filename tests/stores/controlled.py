@@ -125,7 +125,8 @@ class Controlled:
         with self._lock:
             fault = armed.pop(0) if armed else None
             if fault is not None:
-                self.counts[f"{call} {fault.kind}"] += 1
+                kind = fault.kind if fault.error is None else f"{fault.kind} {type(fault.error).__name__}"
+                self.counts[f"{call} {kind}"] += 1
         return fault
 
     # ---- reads ---------------------------------------------------------------------------
