@@ -27,6 +27,8 @@ from tests.stores.scripted import Gate, Raise, ScriptedReads
 
 PROMPT = tokens(35, 100)
 OFFERED = 96
+READS = 2
+"""Backend reads per load here: one ``get`` per chunk, a chunk per group."""
 
 
 class Fatal(BaseException):
@@ -103,7 +105,7 @@ def test_an_aborted_loads_report_never_settles_the_reload_and_nothing_unfilled_i
     backend = ScriptedReads()
     engine = _engine(backend)
     first_gate, second_gate = Gate(), Gate()
-    backend.then(first_gate, second_gate)
+    backend.then(*[first_gate] * READS, *[second_gate] * READS)
     first, first_blocks = _plan_load(engine, "reused")
     _ship(engine)
     assert first_gate.reached.wait(10)
@@ -130,7 +132,7 @@ def test_a_read_raising_a_base_exception_fails_its_load_and_loses_no_other_repor
     backend = ScriptedReads()
     engine = _engine(backend)
     gate = Gate()
-    backend.then(gate, Raise(Fatal("the reader's read died")))
+    backend.then(*[gate] * READS, Raise(Fatal("the reader's read died")))
     _plan_load(engine, "before")
     _ship(engine)
     _plan_load(engine, "broken")

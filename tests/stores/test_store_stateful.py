@@ -217,7 +217,7 @@ class StoreSchedules(RuleBasedStateMachine):
     @precondition(lambda self: not self.closed)
     @rule(reads=st.integers(0, 3), fault=st.sampled_from([None, None, None, *sorted(PUT_FAULTS)]))
     def step(self, reads: int, fault: str | None = None) -> None:
-        """The next ``reads`` backend reads may run (a load is one read call), then one engine step;
+        """The next ``reads`` backend reads may run (a load reads once per chunk, or once), then one engine step;
         ``fault``: the next put fails so."""
         if fault is not None and not (fault == "stuck" and self.inline_writes):
             self.controlled.arm_put(PUT_FAULTS[fault]())
