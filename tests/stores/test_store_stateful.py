@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
@@ -42,8 +42,10 @@ from tests.stores.controlled import (
 )
 from tests.stores.model_engine import ModelEngine, Reach
 
-SCHEDULES = int(os.environ.get("CAPKV_STORE_SCHEDULES", "20"))
+SCHEDULES = int(os.environ.get("CAPKV_STORE_SCHEDULES", "40"))
 RANDOM = "CAPKV_STORE_SCHEDULES" in os.environ
+PHASES = [phase for phase in Phase if phase is not Phase.shrink or not os.environ.get("CAPKV_NO_SHRINK")]
+"""``CAPKV_NO_SHRINK=1``: report the first failing schedule as found (a run that waits on threads shrinks slowly)."""
 """CI runs the same schedules each time (what they reach is asserted); a longer run by env var draws new ones."""
 STEPS = 40
 SPEC = make_spec([Group(16), Group(16, window=32)], num_blocks=96)
@@ -282,10 +284,11 @@ class StoreSchedules(RuleBasedStateMachine):
                 self.reach.add("flushes past their bound")
         self._bounded(began, "flush")
 
-    @precondition(lambda self: not self.closed and self.engine.steps >= 8)
+    @precondition(lambda self: not self.closed and self.engine.steps >= 8 and not self.engine.unbuilt)
     @rule()
     def close(self) -> None:
-        """The end of a run (after a few steps): bounded, whatever is stuck; the engine still collects what
+        """The end of a run (after a few steps, never between an allocation and the metadata that carries its
+        load: vLLM does both in one ``schedule()``): bounded, whatever is stuck; the engine still collects what
         the store reports after it."""
         if self.engine.waiting:
             self.reach.add("closes with loads running")
@@ -386,7 +389,7 @@ def test_random_schedules_over_the_real_stores(store: str, stacked: bool, redis:
         StoreSchedules,
         settings=settings(
             max_examples=SCHEDULES, stateful_step_count=STEPS, deadline=None, database=None,
-            derandomize=not RANDOM, suppress_health_check=list(HealthCheck),
+            derandomize=not RANDOM, suppress_health_check=list(HealthCheck), phases=PHASES,
         ),
     )
     took = time.perf_counter() - began
