@@ -75,6 +75,8 @@ class Controlled:
         """Faults that fired, by kind and call (``"read raise"``, ``"put stuck"``...)."""
         self.unfilled: list[str] = []
         """Values put whose bytes are not what the model computes for their key."""
+        self.put_keys: set[StoreKey] = set()
+        """Every key a put was asked to store."""
         self.stuck: Counter[str] = Counter()
         """Calls waiting at a stuck fault now, by call (``"read"``, ``"put"``)."""
         self._permits = 0
@@ -217,6 +219,7 @@ class Controlled:
         fault = self._next(self._puts, "put")
         self._before(fault, "put")
         for key, value in items:
+            self.put_keys.add(key)
             expected = self._expected(key.block)
             if expected is None or bytes(value[HEADER_SIZE:]) != expected:
                 with self._lock:
@@ -226,6 +229,10 @@ class Controlled:
         stored = self.inner.put(items)
         self._after(fault)
         return stored
+
+    def evict_everything(self) -> None:
+        """Every value goes, as another engine sharing the store (or Redis's ``maxmemory``) may make it go."""
+        self.inner.delete(list(self.put_keys))
 
     def contains(self, keys: Sequence[StoreKey], /) -> Sequence[bool]:
         return self.inner.contains(keys)

@@ -264,6 +264,14 @@ class StoreSchedules(RuleBasedStateMachine):
 
     # ---- the backend ---------------------------------------------------------------------------
 
+    @precondition(lambda self: not self.closed and self.store_kind != "host pool")
+    @rule()
+    def evicted_elsewhere(self) -> None:
+        """A shared store (a directory, Redis) loses every value meanwhile: another engine's eviction, or
+        Redis's ``maxmemory`` (the host pool is this engine's own: only its index evicts)."""
+        self.controlled.evict_everything()
+        self.reach.add("evictions by another engine")
+
     @precondition(lambda self: not self.closed)
     @rule()
     def stuck_calls_return(self) -> None:
