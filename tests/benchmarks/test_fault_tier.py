@@ -4,6 +4,8 @@ sees, at the header offsets capkv writes; the backend wrapper damages and raises
 from __future__ import annotations
 
 import struct
+import time
+from typing import Any
 
 import pytest
 
@@ -81,3 +83,61 @@ def test_the_wrapper_passes_through_until_armed() -> None:
     faults.disarm()
     assert list(wrapped.get([k])) == [original]
     assert faults.fired() == 1 + 1 + 3 and faults.puts() == (2, 0)
+
+
+def test_thread_faults_arm_only_the_wrappers_of_slow_backends() -> None:
+    """A ``BaseException`` or a stuck read belongs on a store's reader or writer thread; a fast backend is called
+    in the engine's step, where a ``BaseException`` rightly ends the engine."""
+
+    class Slow(MemoryBackend):
+        slow = True
+
+    slow, fast = faults.Faults(Slow()), faults.Faults(MemoryBackend())
+    k = key(1)
+    faults.arm(base_raising=["get", "put"], stuck=["contains"])
+    with pytest.raises(faults.InjectedBaseException):
+        slow.get([k])
+    with pytest.raises(faults.InjectedBaseException):
+        slow.put([(k, memoryview(value(k, 1)))])
+    assert not isinstance(faults.InjectedBaseException("x"), Exception)
+    assert list(fast.get([k])) == [None]  # untouched
+    faults.STUCK_S, stuck_for = 0.05, faults.STUCK_S
+    try:
+        began = time.monotonic()
+        assert list(slow.contains([k])) == [False]
+        assert time.monotonic() - began >= 0.05
+    finally:
+        faults.STUCK_S = stuck_for
+
+
+def test_damage_written_to_the_medium_is_found_by_the_store(tmp_path: Any) -> None:
+    """Each kind of :mod:`benchmarks._stored_damage`, written into the file store's packs and the host pool's
+    memory, makes the loads of what they hold fail (load errors), never load wrong bytes."""
+    from benchmarks._stored_damage import STORED_DAMAGES, damage_files, damage_pools
+    from capkv.connectors import FileStoreConnector
+    from tests.connectors.conftest import tokens
+    from tests.connectors.engine import MiniEngine
+    from tests.paged import Group, make_spec
+
+    spec = make_spec([Group(16)], num_blocks=64)
+    prompt = tokens(40, 100)
+    for kind in STORED_DAMAGES:
+        root = tmp_path / kind.replace(":", "-")
+        file_engine = MiniEngine(spec, FileStoreConnector(spec, root=root))
+        pool_engine = MiniEngine(spec, faults.FaultCPUOffloadConnector(spec, capacity_blocks=64))
+        for engine in (file_engine, pool_engine):
+            engine.run("seed", prompt)
+            engine.connector.flush()
+        assert damage_files(root, kind) > 0 and damage_pools(faults.POOLS, kind) > 0, kind
+        for engine in (file_engine, pool_engine):
+            run = engine.run(f"again-{kind}", prompt + [1])  # the engine checks every block it loads bit for bit
+            assert run.load_errors or run.hit_tokens == 0, (kind, run)
+            _close_quietly(engine.connector)
+        faults.forget()
+
+
+def _close_quietly(connector: Any) -> None:
+    try:
+        connector.close()
+    except Exception:  # noqa: BLE001 - the damage found is raised again at close, by design
+        return
