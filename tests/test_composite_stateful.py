@@ -242,7 +242,8 @@ def test_random_schedules_with_faulty_children_never_free_early_lose_or_repeat()
     StackSchedules.schedules = 0
     started = time.perf_counter()
     log = logging.getLogger("capkv.composite")
-    level, log.level = log.level, logging.ERROR  # sloppy reports are dropped by design here: no warnings
+    level = log.level
+    log.setLevel(logging.ERROR)  # sloppy reports are dropped by design here (setLevel: it clears the logger cache)
     try:
         run_state_machine_as_test(
             StackSchedules,
@@ -255,7 +256,7 @@ def test_random_schedules_with_faulty_children_never_free_early_lose_or_repeat()
             ),
         )
     finally:
-        log.level = level
+        log.setLevel(level)
     elapsed = time.perf_counter() - started
     print(f"\n{StackSchedules.schedules} schedules of up to {STEPS} steps in {elapsed:.1f} s")
     assert StackSchedules.schedules >= SCHEDULES

@@ -13,7 +13,9 @@ from typing import Any
 
 from capkv._homes import publish
 
-__all__ = ["Drop", "DroppedReports", "ReceiveTracker", "ReportQueue", "SendTracker"]
+__all__ = [
+    "ENDS_IN_RECEIVE", "ENDS_IN_SEND", "Drop", "DroppedReports", "ReceiveTracker", "ReportQueue", "SendTracker",
+]
 
 _log = logging.getLogger("capkv.composite")
 
@@ -64,31 +66,47 @@ class DroppedReports(Mapping[tuple[str, Drop], int]):
         return f"DroppedReports({self._counts!r})"
 
 
+ENDS_IN_SEND = 1
+"""A completed save's request is reported in ``finished_sending``: the engine keeps its blocks until then."""
+ENDS_IN_RECEIVE = 2
+"""A completed save's request has a receive waiting for it: the engine keeps its blocks until that receive."""
+
+
 class SendTracker:
     """Holds back a finished send until every child that accepted its save has reported it.
 
-    The scheduler side tells (:meth:`expect`) which children accepted an
-    asynchronous save of each finished request, as a bit mask of child indices.
+    The scheduler side tells which children accepted an asynchronous save of each
+    finished request, as a bit mask of child indices: :meth:`expect` where the engine
+    keeps the request's blocks until its send, :meth:`fold` where it keeps them until
+    the receive of the request's asynchronous load (the request was aborted mid-load):
+    those saves end in that receive (:meth:`ReceiveTracker.fold`), never in a send.
     """
 
     __slots__ = ("_pending",)
 
     def __init__(self) -> None:
-        self._pending: dict[str, list[int]] = {}  # request id -> [savers mask, still owed mask]
+        self._pending: dict[str, list[int]] = {}  # request id -> [savers mask, still owed mask, what it ends in]
 
     def expect(self, savers: Mapping[str, int]) -> None:
-        pending = self._pending
         for request_id, mask in savers.items():
-            entry = pending.get(request_id)
-            if entry is None:
-                pending[request_id] = [mask, mask]
-            else:  # the same id finished again while a save of it is pending: wait for both
-                entry[0] |= mask
-                entry[1] |= mask
+            self._add(request_id, mask, ENDS_IN_SEND)
 
-    def report(self, index: int, request_id: str) -> Drop | bool:
-        """Child ``index`` finished sending: ``True`` when it was the last one owed, else
-        ``False`` (still waiting) or why the report is dropped."""
+    def fold(self, request_id: str, mask: int) -> None:
+        self._add(request_id, mask, ENDS_IN_RECEIVE)
+
+    def _add(self, request_id: str, mask: int, outcome: int) -> None:
+        entry = self._pending.get(request_id)
+        if entry is None:
+            self._pending[request_id] = [mask, mask, outcome]
+        else:  # the same id finished again while a save of it is pending: wait for both
+            entry[0] |= mask
+            entry[1] |= mask
+            entry[2] |= outcome
+
+    def report(self, index: int, request_id: str) -> Drop | int:
+        """Child ``index`` finished sending: ``0`` while other children still owe theirs; once it was
+        the last one owed, what that completes (:data:`ENDS_IN_SEND`: a send to report;
+        :data:`ENDS_IN_RECEIVE`: a receive waiting for it; or both); or why the report is dropped."""
         entry = self._pending.get(request_id)
         if entry is None:
             return Drop.SEND_NOT_PENDING
@@ -100,9 +118,9 @@ class SendTracker:
         owed = entry[1] & ~bit
         if owed:
             entry[1] = owed
-            return False
+            return 0
         del self._pending[request_id]
-        return True
+        return entry[2]
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -111,7 +129,7 @@ class SendTracker:
         return {request_id: list(entry) for request_id, entry in self._pending.items()}
 
     def restore(self, state: Mapping[str, list[int]]) -> None:
-        self._pending = {request_id: list(entry) for request_id, entry in state.items()}
+        self._pending = {request_id: [*entry, ENDS_IN_SEND][:3] for request_id, entry in state.items()}
 
 
 class ReportQueue:
@@ -134,6 +152,19 @@ class ReportQueue:
             self._ready[request_id] = [number]
         else:
             numbers.append(number)
+
+    def withdraw(self, request_id: str, number: int) -> list[int]:
+        """Take load ``number`` of the request back, with the id's later loads (they are reported after
+        it), if it is over and not handed out yet: the numbers taken back, oldest first."""
+        numbers = self._ready.get(request_id)
+        if numbers is None or number not in numbers:
+            return []
+        at = numbers.index(number)
+        taken = numbers[at:]
+        del numbers[at:]
+        if not numbers:
+            del self._ready[request_id]
+        return taken
 
     def take(self) -> tuple[set[str] | None, list[int]]:
         """The requests to report now (``None``: none), and the numbers of the loads that reports."""
@@ -171,8 +202,9 @@ class ReceiveTracker:
     dropped. A load completes, and the request is reported, once its last owed child
     reported; loads of one request are reported in order. A load pending when its
     request finishes stays pending: an engine keeps an aborted request's blocks until
-    its receive is reported. Synchronous loads are not awaited: the engine does not
-    wait for a report.
+    its receive is reported, so that receive also waits for the saves folded into it
+    (:meth:`fold`). Synchronous loads are not awaited: the engine does not wait for a
+    report.
 
     A report may complete several loads of one request at once (an earlier load of a
     reused id, owed by another child, completing after the later one did): each is
@@ -209,6 +241,40 @@ class ReceiveTracker:
                 break
         else:
             return Drop.RECV_NOT_LOADER
+        return self._complete(request_id, entries)
+
+    def fold(self, request_id: str, number: int, bit: int) -> bool:
+        """Load ``number`` of the request completes only once ``bit`` is cleared too (:meth:`sent`): the
+        saves of a request the engine keeps until this load's receive. ``False`` when that receive was
+        handed out already (the engine frees the blocks at it: the fold came too late)."""
+        entries = self._pending.get(request_id)
+        for entry in entries or ():
+            if entry[0] == number:
+                entry[1] |= bit
+                return True
+        taken = self._ready.withdraw(request_id, number)
+        if not taken:
+            return False
+        # over and not handed out yet: it waits again, and the id's loads reported after it wait behind it
+        waiting = [[number, bit], *([later, 0] for later in taken[1:])]
+        if entries is None:
+            self._pending[request_id] = waiting
+        else:
+            at = sum(1 for entry in entries if entry[0] < number)
+            entries[at:at] = waiting
+        return True
+
+    def sent(self, request_id: str, bit: int) -> bool:
+        """Every save folded into the request's loads (``bit``) was reported: ``True`` when loads completed."""
+        entries = self._pending.get(request_id)
+        if entries is None:
+            return False
+        for entry in entries:
+            entry[1] &= ~bit
+        return self._complete(request_id, entries)
+
+    def _complete(self, request_id: str, entries: list[list[int]]) -> bool:
+        """Hand the request's loads that completed, oldest first, to the queue of reports."""
         if entries[0][1]:
             return False
         while entries and not entries[0][1]:

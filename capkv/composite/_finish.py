@@ -31,6 +31,7 @@ class FinishRoutine:
 
     _names: tuple[str, ...]
     _savers: list[tuple[str, int]]
+    _folds: list[tuple[str, int, int]]
     _plans: dict[str, Plan]
     _settling: LoadSettling
     _spec: KVSpec | None
@@ -41,9 +42,16 @@ class FinishRoutine:
         """Tell every child; record who saves; merge transfer params; one error if anything failed.
 
         From the first token of a load the engine has not heard the end of, every child gets the null
-        block (:mod:`~capkv.composite._settling`): no tier saves what never arrived."""
-        first = self._settling.finishing(request.request_id)
+        block (:mod:`~capkv.composite._settling`): no tier saves what never arrived. A request whose
+        asynchronous load the engine still waits for (aborted mid-load) is kept by the engine until that
+        load's receive: the stack never keeps it too (``delay_free=False``), and the savers' sends are
+        folded into the receive (docs/internals.md, "Folding saves into a receive")."""
+        settling = self._settling
+        awaited = settling.awaited(request.request_id)
+        first = settling.finishing(request.request_id)
         if first is not None:
+            if awaited is not None and settling.in_flight():
+                first = 0  # a step in flight may report the receive before the fold arrives: nothing is saved
             block_ids = unfilled_masked(block_ids, first, self._spec, method == "request_finished")
         savers = 0
         returned: list[tuple[int, Any]] | None = None
@@ -68,11 +76,15 @@ class FinishRoutine:
                     item = (bit.bit_length() - 1, params)
                     returned = [item] if returned is None else [*returned, item]
         if savers:
-            self._savers.append((request.request_id, savers))
+            if awaited is None:
+                self._savers.append((request.request_id, savers))
+            else:
+                self._folds.append((request.request_id, awaited, savers))
+        held = savers != 0 and awaited is None
         if self._plans:
             self._plans.pop(request.request_id, None)
         if returned is None and failures is None:
-            return savers != 0, None
+            return held, None
         merged: KVTransferParams | None = None
         if returned is not None:
             clashes: Failures = []
@@ -80,8 +92,8 @@ class FinishRoutine:
             if clashes:
                 failures = sorted([*(failures or []), *clashes], key=lambda item: item[0])
         if failures:
-            raise self._finish_failed(request.request_id, method, failures, savers, merged)
-        return savers != 0, merged
+            raise self._finish_failed(request.request_id, method, failures, savers, held, merged)
+        return held, merged
 
     def _finish_fault(
         self, failures: Failures | None, index: int, exc: Exception, answer: object, method: str
@@ -117,21 +129,26 @@ class FinishRoutine:
         return merged
 
     def _finish_failed(
-        self, request_id: str, method: str, failures: Failures, savers: int, merged: KVTransferParams | None
+        self, request_id: str, method: str, failures: Failures, savers: int, held: bool,
+        merged: KVTransferParams | None,
     ) -> FinishError:
         names = self._names
         detail = "; ".join(f"{names[index]}: {type(exc).__name__}: {exc}" for index, exc in failures)
-        if savers:
-            saving = ", ".join(names[i] for i in range(len(names)) if savers >> i & 1)
+        saving = ", ".join(names[i] for i in range(len(names)) if savers >> i & 1)
+        if held:
             outcome = (f"keep its blocks (delay_free=True): {saving} accepted an asynchronous save, and "
                        "the request is reported in finished_sending once each of them has reported it")
+        elif savers:
+            outcome = (f"the engine keeps its blocks until its asynchronous load is reported (delay_free=False): "
+                       f"{saving} accepted an asynchronous save, and the load is reported in finished_recving "
+                       "once it is over and each of them has reported the save")
         else:
             outcome = "no sub-connector is saving it, so its blocks may be freed (delay_free=False)"
         error = FinishError(
             f"{type(self).__name__}.{method}({request_id!r}) failed ({detail}); every other sub-connector "
             f"was still told; {outcome}",
             tuple(exc for _, exc in failures),
-            delay_free=savers != 0,
+            delay_free=held,
             kv_transfer_params=merged,
             connector=", ".join(names[index] for index, _ in failures),
             method=method,

@@ -44,6 +44,11 @@ class Book:
     loads: tuple[tuple[str, int, int], ...]
     """Loads started, in order: ``(request id, load number, bit mask of the children loading a
     slice of it asynchronously)``; numbers increase with every load the origin starts."""
+    folds: tuple[tuple[str, int, int], ...] = ()
+    """Requests that finished while the engine waited for an asynchronous load of theirs: ``(request id,
+    that load's number, bit mask of the children that accepted an asynchronous save)``. The engine keeps
+    their blocks until that load's receive, so the receive waits for those saves, and their sends are
+    never reported as sends."""
 
 
 class MultiConnectorMetadata:

@@ -276,13 +276,14 @@ class SchedulerSide(FinishRoutine, StackState):
                 # a nested stack that failed in part still built its other children's metadata
                 append(exc.partial if isinstance(exc, SubConnectorError) and exc.partial is not None else NOT_BUILT)
         books = self._unsent
-        if self._savers or self._loads:
+        if self._savers or self._loads or self._folds:
             savers: dict[str, int] = {}
             for request_id, mask in self._savers:  # finished requests, in order, since the last book
                 savers[request_id] = savers.get(request_id, 0) | mask
             self._serial += 1
-            books = (*books, Book(self._origin, self._serial, savers, tuple(self._loads)))
+            books = (*books, Book(self._origin, self._serial, savers, tuple(self._loads), tuple(self._folds)))
             self._savers = []
+            self._folds = []
             self._loads = []
         metadata = MultiConnectorMetadata(tuple(metas), books)
         settling = self._settling

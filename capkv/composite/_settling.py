@@ -111,6 +111,19 @@ class LoadSettling:
         blocks are still being written: nothing of them may be saved, nor freed before the receive)."""
         return any(entry[2] and entry[3] for entry in self.pending.get(request_id, ()))
 
+    def awaited(self, request_id: str) -> int | None:
+        """The number of the live request's asynchronous load the engine waits for, if any: an engine
+        keeps such a request's blocks until that load's receive, and frees them then."""
+        for entry in self.pending.get(request_id, ()):
+            if entry[2] and entry[3]:
+                return entry[0]
+        return None
+
+    def in_flight(self) -> bool:
+        """Whether a step whose output has not come back may have run: its worker may have reported a
+        receive the scheduler side has not heard of yet (or the engine skipped an empty output)."""
+        return self.outputs < self.builds
+
     def finishing(self, request_id: str) -> int | None:
         """The request finished: the first token of its earliest unsettled load, if any. Its synchronous
         loads are forgotten; its asynchronous ones wait for their reports (the id may be reused)."""

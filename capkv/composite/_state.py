@@ -62,6 +62,7 @@ class StackState(StackNode):
         "_loaded_tokens",
         "_promoted_tokens",
         "_savers",
+        "_folds",
         "_loads",
         "_unsent",
         "_origin",
@@ -108,6 +109,9 @@ class StackState(StackNode):
     _loaded_tokens: list[int]
     _promoted_tokens: list[int]
     _savers: list[tuple[str, int]]
+    _folds: list[tuple[str, int, int]]
+    """Requests finished while the engine waits for their asynchronous load: (request id, that load's
+    number, bit mask of the children that accepted a save), for the next book."""
     _loads: list[tuple[str, int, int]]
     _unsent: tuple[Book, ...]
     _origin: str
@@ -159,6 +163,7 @@ class StackState(StackNode):
         self._loaded_tokens = [0] * len(children)
         self._promoted_tokens = [0] * len(children)
         self._savers = []
+        self._folds = []
         self._loads = []
         self._unsent = ()
         self._origin = uuid.uuid4().hex
@@ -293,6 +298,7 @@ class StackState(StackNode):
             "loaded_tokens": list(self._loaded_tokens),
             "promoted_tokens": list(self._promoted_tokens),
             "savers": list(self._savers),
+            "folds": list(self._folds),
             "loads": list(self._loads),
             "unsent": self._unsent,
             "origin": self._origin,
@@ -320,6 +326,7 @@ class StackState(StackNode):
         self._loaded_tokens = list(state["loaded_tokens"])
         self._promoted_tokens = list(state["promoted_tokens"])
         self._savers = list(state["savers"])
+        self._folds = list(state.get("folds", ()))
         self._loads = list(state["loads"])
         self._unsent = state["unsent"]
         self._origin = state["origin"]

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Set as AbstractSet
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, cast
 
+from capkv.composite._completion import ENDS_IN_RECEIVE, ENDS_IN_SEND, Drop
 from capkv.composite._handshakes import ChildHandshakes
 from capkv.composite._fanout import HELD, TOLD, Failures, bad_answer, failure
 from capkv.composite._metadata import NOT_BUILT, MultiConnectorMetadata, MultiWorkerMetadata, merge_worker_metas
@@ -49,6 +50,9 @@ class WorkerSide(StackState):
                 self._receives.expect(book.loads)
                 self._loading.update(request_id for request_id, _, _ in book.loads)
                 itself = len(self._children)  # the bit of a receive the stack owes itself (a cut hit)
+                for request_id, number, mask in book.folds:
+                    self._sends.fold(request_id, mask)
+                    self._receives.fold(request_id, number, 2 << itself)
                 for request_id, _, mask in book.loads:
                     if mask >> itself & 1:
                         self._receives.report(itself, request_id)
@@ -161,13 +165,16 @@ class WorkerSide(StackState):
                     sends = self._sends
                     for request_id in cast("set[str]", child_sending):
                         verdict = sends.report(index, request_id)
-                        if verdict is True:
+                        if isinstance(verdict, Drop):
+                            self._dropped.add(self._names[index], verdict, request_id)
+                            continue
+                        if verdict & ENDS_IN_SEND:
                             if sending is None:
                                 sending = {request_id}
                             else:
                                 sending.add(request_id)
-                        elif verdict is not False:
-                            self._dropped.add(self._names[index], verdict, request_id)
+                        if verdict & ENDS_IN_RECEIVE:  # the receive it waited for, if still to come, may complete now
+                            self._receives.sent(request_id, 2 << len(self._children))
                 else:
                     bad = bad_answer(self._names[index], "get_finished", answer, _IDS)
                     failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
