@@ -107,7 +107,8 @@ class MultiConnector(StackRuntime, Generic[Unpack[_Ts]]):
         Nothing of this stack's state is carried over, so do it before serving.
         """
         stack: MultiConnector[Unpack[tuple[Any, ...]]] = declared_class(self)(first, *rest, **self._init_kwargs)
-        stack._alignment = self._alignment  # configuration (the engine's block sizes), not state
+        stack._alignment = self._alignment  # configuration (the engine's KV cache), not state
+        stack._spec = self._spec
         return stack
 
     def __reduce__(self) -> tuple[object, ...]:

@@ -319,3 +319,20 @@ def test_keyword_only_parameters_are_found_by_position(dev: bool) -> None:
             checked.request_finished_all_groups(Req("r"), ids=([1],))
     with pytest.raises(TypeError, match="positional argument"):
         checked.request_finished_all_groups(Req("r"), ([1], [2]))
+
+
+def test_an_instrumented_stack_keeps_the_engines_kv_spec(dev: bool) -> None:
+    """The rebuilt stack masks an unfinished load's blocks by token, as the one the engine checked does."""
+    from capkv import MultiConnector
+    from tests.test_tiers import spec, tiered
+
+    front, back = HMA("front", slices=True), HMA("back", hit=tiered(16, 48), slices=True, load_async=True)
+    stack = MultiConnector(front, back)
+    stack.bind_kv_spec(spec(16))
+    served = instrument(stack, spec(16))
+    request = Req("a")
+    assert served.get_num_new_matched_tokens(request, 16) == (32, True)
+    served.update_state_after_alloc(request, ([5, 1, 2],), 32)
+    served.request_finished_all_groups(request, ([5, 1, 2],))  # aborted mid-load
+    finished = [args[1] for method, args in front.calls if method == "request_finished_all_groups"]
+    assert finished == [([5, 0, 0],)], "the engine's own block is kept; without the spec every block was dropped"
