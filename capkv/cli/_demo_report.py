@@ -23,7 +23,8 @@ class RunSummary:
     wall_seconds: float
     stats: EngineStats
     loaded: tuple[int, ...] = ()
-    """Tokens loaded from each of the stack's children in this run (empty when the stack is one connector)."""
+    """Tokens loaded from each of the stack's children in this run that the engine kept (``landed_tokens``;
+    empty when the stack is one connector)."""
     promoted: tuple[int, ...] = ()
     """Tokens loaded from later children that each child was asked to save in this run."""
     first_cause: str = ""
@@ -35,7 +36,7 @@ class Tiered(Protocol):
     """A stack that counts, per child, the tokens loaded from it and promoted into it (``MultiConnector``)."""
 
     @property
-    def loaded_tokens(self) -> tuple[int, ...]: ...
+    def landed_tokens(self) -> tuple[int, ...]: ...
 
     @property
     def promoted_tokens(self) -> tuple[int, ...]: ...
@@ -124,9 +125,11 @@ def print_summary(out: TextStream, engine: Engine, runs: list[RunSummary]) -> No
     if any(r.stats.load_error_blocks or r.stats.failed_load_tokens for r in runs):
         out.write("  (load errors: blocks the stack reported failed / offered tokens the engine then recomputed)\n")
     if tiers is not None:
-        out.write("  (tokens loaded from each tier: its slices of the composed hits; each tier loads past the ones before it)\n")
+        out.write("  (tokens loaded from each tier: its slices of the composed hits that landed; each tier loads past "
+                  "the ones before it)\n")
         if any(r.stats.failed_load_tokens for r in runs):
-            out.write("  (a tier's slices are counted as planned: the load errors above are not taken out of them)\n")
+            out.write("  (a failed block costs its tier the rest of its slice, and every later tier its slice: the "
+                      "engine recomputes from there)\n")
     if any(_saved(r.stats) is None for r in runs):
         out.write("  (bytes saved: n/a when the stack's connectors report no get_kv_connector_stats)\n")
 

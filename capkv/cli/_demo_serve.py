@@ -94,11 +94,11 @@ def _runs(
             engine.stats.reset()
             progress = Progress(label, workload.num_requests, out)
             tiers = engine.connector if isinstance(engine.connector, Tiered) else None
-            before = (tiers.loaded_tokens, tiers.promoted_tokens) if tiers is not None else ((), ())
+            before = (tiers.landed_tokens, tiers.promoted_tokens) if tiers is not None else ((), ())
             started, logged = time.perf_counter(), len(causes.messages)
             finished = engine.run(workload.requests(label), progress)
             progress.close(len(finished))
-            loaded, promoted = (tiers.loaded_tokens, tiers.promoted_tokens) if tiers is not None else ((), ())
+            loaded, promoted = (tiers.landed_tokens, tiers.promoted_tokens) if tiers is not None else ((), ())
             runs.append(RunSummary(
                 label, time.perf_counter() - started, engine.stats.snapshot(),
                 tuple(b - a for a, b in zip(before[0], loaded, strict=True)),

@@ -189,6 +189,7 @@ class SchedulerSide(FinishRoutine, StackState):
                     cut[index] = min(partial, counts[index]) if isinstance(partial, int) and partial > 0 else 0
         async_mask = 0
         started = 0  # tokens whose load started: the slices up to the first that failed
+        parts: list[tuple[int, int, int]] = []
         for index, first, _, load_async in slices:
             part = counts[index]
             if not part:
@@ -197,6 +198,7 @@ class SchedulerSide(FinishRoutine, StackState):
                 part = cut[index]
             if part:
                 self._loaded_tokens[index] += part
+                parts.append((index, first, part))
                 if load_async:
                     async_mask |= 1 << index
             started = first + part - local
@@ -211,6 +213,7 @@ class SchedulerSide(FinishRoutine, StackState):
             self._load_serial += 1
             self._loads.append((request.request_id, self._load_serial, async_mask))
             self._settling.started(request.request_id, self._load_serial, local, async_mask != 0)
+            self._landing.started(request.request_id, self._load_serial, blocks if self._spec else None, parts)
             failures = self._tell_foreign(request, counts, local, local + started, failures)
         if failures:
             raise self._alloc_failed(failures, started)
@@ -308,11 +311,15 @@ class SchedulerSide(FinishRoutine, StackState):
         that take the engine's own output (:mod:`~capkv.composite._native`) get that one,
         its worker-metadata field set the same way.
         """
-        settling = self._settling
+        settling, landing = self._settling, self._landing
+        if landing.loads and connector_output.invalid_block_ids and self._spec is not None:
+            landing.failed(connector_output.invalid_block_ids, self._spec)  # before the load settles
         if settling.pending or settling.shipped:
             settling.output(connector_output.finished_recving)
         elif settling.outputs < settling.builds:  # nothing to settle: output() would only count it
             settling.outputs += 1
+        if landing.loads:
+            landing.settled(settling.pending)
         worker_meta = connector_output.worker_meta
         if worker_meta is None:
             per_child: tuple[object, ...] | None = None

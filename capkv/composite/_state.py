@@ -14,6 +14,7 @@ from capkv.capabilities._hma import StackNode
 from capkv.composite._completion import DroppedReports, ReceiveTracker, SendTracker
 from capkv.composite._fanout import TOLD, Failures, failure
 from capkv.composite._finish import Finisher
+from capkv.composite._landing import Landing
 from capkv.composite._metadata import Book, MultiConnectorMetadata, MultiWorkerMetadata
 from capkv.composite._native import IndexedCalls, PassOutput, native_calls
 from capkv.composite._plan import Plan
@@ -60,6 +61,7 @@ class StackState(StackNode):
         "_settling",
         "_load_serial",
         "_loaded_tokens",
+        "_landing",
         "_promoted_tokens",
         "_savers",
         "_folds",
@@ -107,6 +109,7 @@ class StackState(StackNode):
     _settling: LoadSettling
     _load_serial: int
     _loaded_tokens: list[int]
+    _landing: Landing
     _promoted_tokens: list[int]
     _savers: list[tuple[str, int]]
     _folds: list[tuple[str, int, int]]
@@ -161,6 +164,7 @@ class StackState(StackNode):
         self._settling = LoadSettling()
         self._load_serial = 0
         self._loaded_tokens = [0] * len(children)
+        self._landing = Landing(len(children))
         self._promoted_tokens = [0] * len(children)
         self._savers = []
         self._folds = []
@@ -208,6 +212,13 @@ class StackState(StackNode):
     def loaded_tokens(self) -> tuple[int, ...]:
         """Per child, in stack order: tokens the engine accepted from its slices of composed hits."""
         return tuple(self._loaded_tokens)
+
+    @property
+    def landed_tokens(self) -> tuple[int, ...]:
+        """Per child, in stack order: of :attr:`loaded_tokens`, those the engine kept. A load's failed
+        block (the engine's ``invalid_block_ids``) takes its own and every later token of the load, in
+        whichever child's slice; needs a bound ``KVSpec`` (without one, every accepted token counts)."""
+        return tuple(self._landing.landed)
 
     @property
     def promoted_tokens(self) -> tuple[int, ...]:
@@ -296,6 +307,7 @@ class StackState(StackNode):
             "settling": self._settling.state(),
             "load_serial": self._load_serial,
             "loaded_tokens": list(self._loaded_tokens),
+            "landing": self._landing.state(),
             "promoted_tokens": list(self._promoted_tokens),
             "savers": list(self._savers),
             "folds": list(self._folds),
@@ -324,6 +336,10 @@ class StackState(StackNode):
             self._settling.restore(state["settling"])
         self._load_serial = state["load_serial"]
         self._loaded_tokens = list(state["loaded_tokens"])
+        self._landing = Landing(len(self._loaded_tokens))
+        self._landing.landed = list(self._loaded_tokens)  # a state from before landed tokens were counted
+        if "landing" in state:
+            self._landing.restore(state["landing"])
         self._promoted_tokens = list(state["promoted_tokens"])
         self._savers = list(state["savers"])
         self._folds = list(state.get("folds", ()))

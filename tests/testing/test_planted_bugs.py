@@ -61,8 +61,12 @@ def test_each_planted_bug_fails_the_kit_naming_its_cause(store: type[SQLiteStore
     report = _kit(store)
     assert not report.ok
     alone = [result for result in report.results if result.placement == "alone"]
-    assert alone and all(not result.ok for result in alone), report  # alone, nothing covers for it
-    for result in alone:
+    failed = [result for result in alone if not result.ok]
+    if store is DropsOneInTen:  # which values are dropped follows the writer's batches: a scenario reading only
+        assert failed, report  # a few blocks (a sliding window's) may miss all of them; most do not
+    else:
+        assert alone and failed == alone, report  # alone, nothing covers for it
+    for result in failed:
         assert result.failure is not None
         assert "require_loads" not in result.failure  # no hint that would hide the bug
         for cause in KIT_CAUSES[store]:
@@ -85,9 +89,21 @@ def _demo(store: type[SQLiteStore], capsys: pytest.CaptureFixture[str]) -> tuple
     return status, captured.out, captured.err
 
 
+def _warm_tiers_add_up(out: str) -> int:
+    """The warm run's per-tier loaded tokens add up to the tokens loaded through the stack (full attention):
+    each counts only what landed. Returns that sum."""
+    tiers = re.findall(r"^  tokens loaded from #\d \w+ +\S+ +(\S+)$", out, re.MULTILINE)
+    full = re.search(r"^  prefix-hit tokens, group 0 \(full\) +\S+ \+ \S+ +\S+ \+ (\S+)$", out, re.MULTILINE)
+    assert len(tiers) == 2 and full is not None, out
+    landed = sum(int(value.replace(",", "")) for value in tiers)
+    assert landed == int(full.group(1).replace(",", "")), out
+    return landed
+
+
 def test_the_clean_store_is_verified_by_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = _demo(SQLiteStore, capsys)
     assert status == 0, out
+    assert _warm_tiers_add_up(out) > 0
     assert re.search(r"└─ #2 SQLiteStore .* loads: sync$", out, re.MULTILINE), out
     assert re.search(r"^  load errors: blocks / tokens +0 / 0 +0 / 0$", out, re.MULTILINE), out
     assert out.rstrip().endswith("against recomputation)")
@@ -110,5 +126,6 @@ def test_each_planted_bug_keeps_the_demo_from_verifying(store: type[SQLiteStore]
     assert status == expected, out + err
     assert "verified: bit-exact" not in out
     assert re.search(finding, out), out
+    _warm_tiers_add_up(out)  # a tier whose loads failed is not counted as having served them
     if store is RaisingGet:  # flush and shutdown re-raise the kept reads: named by the backend's member
         assert re.search(r"capkv demo: shutting the stack down raised .*raised by the backend's get", err), err
