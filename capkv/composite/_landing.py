@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set as AbstractSet
 from typing import Any
 
+from capkv.composite._settling import LoadSettling
+from capkv.contracts._engine import KVConnectorOutput
 from capkv.contracts._spec import KVSpec
 
 __all__ = ["Landing"]
@@ -72,6 +74,15 @@ class Landing:
                     if lost > 0:
                         self.landed[index] -= lost
                 load.kept = first
+
+    def settle(self, settling: LoadSettling, output: KVConnectorOutput, spec: KVSpec | None) -> None:
+        """A step's output came back: its failed blocks cost the loads still unsettled, then the loads it
+        ends settle (``settling``), and are forgotten here."""
+        if self.loads and output.invalid_block_ids and spec is not None:
+            self.failed(output.invalid_block_ids, spec)
+        settling.output(output.finished_recving)
+        if self.loads:
+            self.settled(settling.pending)
 
     def state(self) -> dict[str, object]:
         loads = {number: (load.request_id, load.blocks, load.parts, load.kept) for number, load in self.loads.items()}

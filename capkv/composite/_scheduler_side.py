@@ -311,15 +311,11 @@ class SchedulerSide(FinishRoutine, StackState):
         that take the engine's own output (:mod:`~capkv.composite._native`) get that one,
         its worker-metadata field set the same way.
         """
-        settling, landing = self._settling, self._landing
-        if landing.loads and connector_output.invalid_block_ids and self._spec is not None:
-            landing.failed(connector_output.invalid_block_ids, self._spec)  # before the load settles
-        if settling.pending or settling.shipped:
-            settling.output(connector_output.finished_recving)
+        settling = self._settling
+        if settling.pending or settling.shipped or self._landing.loads:
+            self._landing.settle(settling, connector_output, self._spec)
         elif settling.outputs < settling.builds:  # nothing to settle: output() would only count it
             settling.outputs += 1
-        if landing.loads:
-            landing.settled(settling.pending)
         worker_meta = connector_output.worker_meta
         if worker_meta is None:
             per_child: tuple[object, ...] | None = None
