@@ -82,15 +82,15 @@ class Live:
     held: bool = False
     ran_load_step: bool = False
     stepped: bool = False
-    aborted_in_flight: bool = False
-    """Aborted mid-load while a step was in flight: the stack cannot know whether that step reported its
-    receive, so its children may be told of saves that can never be folded into it (they get no blocks)."""
-    saving: int = 0
-    """Saves of it children accepted and have not reported."""
-    saving_blocks: int = 0
-    """Of those, saves handed a block that is not the null block."""
     """Its allocation's step was built: vLLM allocates and builds in one ``schedule()``, so nothing (abort,
     finish) comes between them."""
+    aborted_in_flight: bool = False
+    """Finished mid-load between a step's worker report and its output reaching the stack: the stack cannot
+    know whether that step reported its receive, so its children are handed no blocks to save."""
+    saving: int = 0
+    """Saves of it that children accepted and have not reported."""
+    saving_blocks: int = 0
+    """Of those, saves handed a block that is not the null block."""
 
 
 @dataclass(eq=False)
