@@ -14,10 +14,11 @@ import gc
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 
 from capkv.engine._presets import MODEL_PRESETS, ModelPreset, model_presets
 
-__all__ = ["add_model_argument", "chosen_models", "engine_heap", "spread"]
+__all__ = ["PresetFigures", "add_model_argument", "chosen_models", "engine_heap", "print_summary", "spread"]
 
 
 def add_model_argument(parser: argparse.ArgumentParser, *, default: Sequence[str]) -> None:
@@ -40,6 +41,28 @@ def spread(values: Sequence[float]) -> str:
     if len(ordered) == 1:
         return f"{ordered[0]:.2f}"
     return f"{statistics.median(ordered):.2f} (range {ordered[0]:.2f}-{ordered[-1]:.2f})"
+
+
+class PresetFigures(Protocol):
+    """One preset's rounds: the connector against the best plain strategy, each way."""
+
+    @property
+    def preset(self) -> ModelPreset: ...
+
+    def winner(self, way: str) -> str: ...
+
+    def ratios(self, way: str) -> list[float]: ...
+
+
+def print_summary(figures: Sequence[PresetFigures], connector: str) -> None:
+    """With several presets, one line each: save and load against the winning baseline (median of the rounds)."""
+    if len(figures) <= 1:
+        return
+    print(f"\nsummary: {connector} / best plain baseline, median of the rounds' ratios (the winning baseline in brackets)")
+    for found in figures:
+        print(f"  {found.preset.name:<11} save {statistics.median(found.ratios('save')):.2f}x "
+              f"[{found.winner('save')}]   load {statistics.median(found.ratios('load')):.2f}x "
+              f"[{found.winner('load')}]")
 
 
 @contextmanager

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._file_load_stages import StageTimers
-from benchmarks._models import add_model_argument, chosen_models, engine_heap, spread
+from benchmarks._models import add_model_argument, chosen_models, engine_heap, print_summary, spread
 from benchmarks._plain_io import best_strategy, paged_reads, pinned_copies, read_strategies, timed_rounds, write_strategies
 from capkv import KVConnectorOutput
 from capkv.connectors import FileStoreConnector
@@ -337,12 +337,7 @@ def main(argv: list[str]) -> int:
         FileBackend.slow = False
     torch.set_num_threads(1)
     figures = [measure(preset, args) for preset in chosen_models(args)]
-    if len(figures) > 1:
-        print("summary: capkv / best plain baseline, median of the rounds' ratios (the winning baseline in brackets)")
-        for found in figures:
-            print(f"  {found.preset.name:<11} save {statistics.median(found.ratios('save')):.2f}x "
-                  f"[{found.winner('save')}]   load {statistics.median(found.ratios('load')):.2f}x "
-                  f"[{found.winner('load')}]")
+    print_summary(figures, "capkv")
     if not args.skip_demo:
         whole_process(args)
     return 0

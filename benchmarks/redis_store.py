@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks._models import add_model_argument, chosen_models, engine_heap, spread
+from benchmarks._models import add_model_argument, chosen_models, engine_heap, print_summary, spread
 from benchmarks._plain_io import best_strategy, timed_rounds
 from benchmarks._plain_redis import RedisServer, get_alone, get_strategies, set_strategies
 from capkv.connectors import RedisStoreConnector
@@ -54,12 +54,7 @@ def main() -> int:
     with RedisServer(args.url) as url:
         print(f"server: {url}   CPU cores: {len(os.sched_getaffinity(0))}")
         found = [throughput(url, preset, blocks_for(preset, args.mib << 20), args.rounds) for preset in chosen_models(args)]
-        if len(found) > 1:
-            print("\nsummary: connector / best plain baseline, median of the rounds' ratios (the baseline in brackets)")
-            for figures in found:
-                print(f"  {figures.preset.name:<11} save {statistics.median(figures.ratios('save')):.2f}x "
-                      f"[{figures.winner('save')}]   load {statistics.median(figures.ratios('load')):.2f}x "
-                      f"[{figures.winner('load')}]")
+        print_summary(found, "connector")
         if not args.skip_demo:
             whole_run(url)
     return 0
