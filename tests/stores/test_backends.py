@@ -150,17 +150,23 @@ def _two_blocks_a_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(StagingRing, "rows_per_chunk", lambda self, row_nbytes: 2)
 
 
-def test_a_get_only_backend_is_asked_chunk_by_chunk_and_a_chunks_values_go_before_the_next_come(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A step's values are never all held at once (an 8B-shaped step is hundreds of MiB, page-faulted afresh
-    on every load when they are): one ``get`` per chunk, and at most one earlier value still held."""
+def _seeded_in_chunks(monkeypatch: pytest.MonkeyPatch) -> tuple[KVSpec, _ChunkedGets]:
+    """A get-only backend holding the prompt's blocks, read back two blocks a chunk from here on."""
     spec = make_spec(WINDOWED, num_blocks=64)
     backend = _ChunkedGets()
     writer = MiniEngine(spec, StoreConnector(spec, backend))
     writer.run("seed", PROMPT)
     writer.connector.flush()
     _two_blocks_a_chunk(monkeypatch)
+    return spec, backend
+
+
+def test_a_get_only_backend_is_asked_chunk_by_chunk_and_a_chunks_values_go_before_the_next_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step's values are never all held at once (an 8B-shaped step is hundreds of MiB, page-faulted afresh
+    on every load when they are): one ``get`` per chunk, and at most one earlier value still held."""
+    spec, backend = _seeded_in_chunks(monkeypatch)
     backend.sizes.clear()
     backend.held.clear()
     run = MiniEngine(spec, StoreConnector(spec, backend), seed=1).run("again", [*PROMPT, 1])
@@ -172,12 +178,7 @@ def test_a_get_only_backend_is_asked_chunk_by_chunk_and_a_chunks_values_go_befor
 def test_a_get_that_raises_mid_step_fails_the_blocks_not_read_yet_and_keeps_those_loaded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    spec = make_spec(WINDOWED, num_blocks=64)
-    backend = _ChunkedGets()
-    writer = MiniEngine(spec, StoreConnector(spec, backend))
-    writer.run("seed", PROMPT)
-    writer.connector.flush()
-    _two_blocks_a_chunk(monkeypatch)
+    spec, backend = _seeded_in_chunks(monkeypatch)
     backend.fail_after = len(backend.sizes) + 1  # the step's first chunk is read, the others raise
     reader = MiniEngine(spec, StoreConnector(spec, backend), seed=1)
     run = reader.run("again", [*PROMPT, 1])
