@@ -109,7 +109,7 @@ class LoadSettling:
     def receiving(self, request_id: str) -> bool:
         """Whether the live request has an asynchronous load the engine has not heard the end of (its
         blocks are still being written: nothing of them may be saved, nor freed before the receive)."""
-        return any(entry[2] and entry[3] for entry in self.pending.get(request_id, ()))
+        return self.awaited(request_id) is not None
 
     def awaited(self, request_id: str) -> int | None:
         """The number of the live request's asynchronous load the engine waits for, if any: an engine

@@ -32,6 +32,11 @@ class WorkerSide(StackState):
 
     __slots__ = ()
 
+    @property
+    def _folded_saves_bit(self) -> int:
+        """The bit a receive waits on for the saves folded into it: past the children's bits and the stack's own."""
+        return 2 << len(self._children)
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], /) -> None:
         self._tell("register_kv_caches", kv_caches)
 
@@ -52,7 +57,7 @@ class WorkerSide(StackState):
                 itself = len(self._children)  # the bit of a receive the stack owes itself (a cut hit)
                 for request_id, number, mask in book.folds:
                     self._sends.fold(request_id, mask)
-                    self._receives.fold(request_id, number, 2 << itself)
+                    self._receives.fold(request_id, number, self._folded_saves_bit)
                 for request_id, _, mask in book.loads:
                     if mask >> itself & 1:
                         self._receives.report(itself, request_id)
@@ -174,7 +179,7 @@ class WorkerSide(StackState):
                             else:
                                 sending.add(request_id)
                         if verdict & ENDS_IN_RECEIVE:  # the receive it waited for, if still to come, may complete now
-                            self._receives.sent(request_id, 2 << len(self._children))
+                            self._receives.sent(request_id, self._folded_saves_bit)
                 else:
                     bad = bad_answer(self._names[index], "get_finished", answer, _IDS)
                     failures = [(index, bad)] if failures is None else [*failures, (index, bad)]
